@@ -1,0 +1,95 @@
+"""Diagnoses and reports: what the matcher and probes produce and the renderers format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .incident import Incident
+
+PROBE_STATUSES = ("confirmed", "refuted", "inconclusive", "skipped", "error")
+SCHEMA = "triage.report/1"
+
+
+@dataclass
+class ProbeResult:
+    """The outcome of one experiment run to test a hypothesis."""
+
+    name: str
+    status: str
+    detail: str
+    facts: dict[str, Any] = field(default_factory=dict)
+    artifacts: list[str] = field(default_factory=list)
+    seconds: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "status": self.status, "detail": self.detail, "artifacts": self.artifacts}
+        if self.facts:
+            out["facts"] = self.facts
+        if self.seconds is not None:
+            out["seconds"] = round(self.seconds, 3)
+        return out
+
+
+@dataclass
+class Diagnosis:
+    """A rule's explanation of an incident, rendered with the values its match extracted."""
+
+    rule: str
+    category: str
+    confidence: float
+    title: str
+    hypothesis: str
+    fix: str
+    confirm: str = ""
+    evidence: list[str] = field(default_factory=list)
+    probe_names: list[str] = field(default_factory=list)
+    probes: list[ProbeResult] = field(default_factory=list)
+    values: dict[str, Any] = field(default_factory=dict)
+    exception_index: int | None = None
+    rule_location: str = ""
+    specificity: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "category": self.category,
+            "confidence": round(self.confidence, 3),
+            "title": self.title,
+            "hypothesis": self.hypothesis,
+            "evidence": self.evidence,
+            "fix": self.fix,
+            "confirm": self.confirm,
+            "probes": [p.to_dict() for p in self.probes],
+            "values": {k: v for k, v in self.values.items() if isinstance(v, (str, int, float, bool))},
+            "rule_location": self.rule_location,
+        }
+
+
+@dataclass
+class Report:
+    """An incident with its ranked diagnoses; renderers only format this."""
+
+    source: str
+    incident: Incident
+    diagnoses: list[Diagnosis] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    artifacts: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def leading(self) -> Diagnosis | None:
+        return self.diagnoses[0] if self.diagnoses else None
+
+    def to_dict(self) -> dict[str, Any]:
+        environment = {"python": None, "torch": None, "cuda": None}
+        environment.update(self.environment)
+        return {
+            "schema": SCHEMA,
+            "source": self.source,
+            "incident": self.incident.to_dict(),
+            "diagnoses": [d.to_dict() for d in self.diagnoses],
+            "environment": environment,
+            "artifacts": self.artifacts,
+            "warnings": self.warnings,
+        }

@@ -1,0 +1,212 @@
+"""Match an Incident against the knowledge base and return ranked Diagnoses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..diagnosis import Diagnosis
+from ..incident import ExceptionInfo, Frame, Incident
+from . import templates
+from .loader import KnowledgeBase
+from .rule import Rule
+from .safe_regex import PatternTimeout
+
+# How much a match on an exception other than the root cause counts.
+WEIGHT_ROOT = 1.0
+WEIGHT_OTHER = 0.85
+WEIGHT_WRAPPER = 0.7
+MAX_EVIDENCE_CHARS = 400
+
+
+def diagnose(incident: Incident, kb: KnowledgeBase, warnings: list[str] | None = None) -> list[Diagnosis]:
+    """Every rule that matches, best first; one diagnosis per rule."""
+    warnings = warnings if warnings is not None else []
+    log_text = "\n".join(incident.log_lines)
+    best: dict[str, Diagnosis] = {}
+    for order, rule in enumerate(kb.rules):
+        try:
+            for diagnosis in _match_rule(rule, incident, log_text, warnings):
+                diagnosis.specificity = rule.specificity * 1000 - order
+                current = best.get(rule.id)
+                if current is None or diagnosis.confidence > current.confidence:
+                    best[rule.id] = diagnosis
+        except PatternTimeout as exc:
+            warnings.append(f"rule {rule.id} ({rule.location}): {exc}")
+    return sorted(best.values(), key=lambda d: (-d.confidence, -d.specificity))
+
+
+def matches(rule: Rule, incident: Incident) -> list[dict[str, Any]]:
+    """The values each match of one rule extracts (used by rule tests)."""
+    return [d.values for d in _match_rule(rule, incident, "\n".join(incident.log_lines), [])]
+
+
+def _match_rule(rule: Rule, incident: Incident, log_text: str, warnings: list[str]):
+    if rule.kinds and incident.kind not in rule.kinds:
+        return
+    log_values = _match_log(rule, log_text)
+    if log_values is None:
+        return
+    root = incident.exception
+    if not rule.needs_exception:
+        yield _diagnosis(rule, incident, root, None, log_values, WEIGHT_ROOT, warnings)
+        return
+    for index, exc in enumerate(incident.exceptions or ([root] if root else [])):
+        values = _match_exception(rule, exc)
+        if values is None:
+            continue
+        weight = WEIGHT_ROOT if exc is root else WEIGHT_WRAPPER if exc.wrapper else WEIGHT_OTHER
+        yield _diagnosis(rule, incident, exc, index, {**log_values, **values}, weight, warnings)
+
+
+def _type_matches(wanted: tuple[str, ...], exc: ExceptionInfo) -> bool:
+    return any(name == exc.type or name.rsplit(".", 1)[-1] == exc.short_type for name in wanted)
+
+
+def _match_exception(rule: Rule, exc: ExceptionInfo) -> dict[str, Any] | None:
+    if rule.exception_types and not _type_matches(rule.exception_types, exc):
+        return None
+    values: dict[str, Any] = {}
+    if rule.messages:
+        found = _first_search(rule.messages, exc.message)
+        if found is None:
+            return None
+        values.update(_groups(found))
+    if any(pattern.search(exc.message) for pattern in rule.not_messages):
+        return None
+    if rule.frame:
+        frame_values = _match_frames(rule, exc.frames)
+        if frame_values is None:
+            return None
+        values.update(frame_values)
+    return values
+
+
+def _match_frames(rule: Rule, frames: list[Frame]) -> dict[str, Any] | None:
+    for frame in reversed(frames):
+        if "user" in rule.frame and frame.user != rule.frame["user"]:
+            continue
+        values: dict[str, Any] = {}
+        for key in ("file", "function", "code"):
+            pattern = rule.frame.get(key)
+            if pattern is None:
+                continue
+            found = pattern.search(getattr(frame, key) or "")
+            if found is None:
+                break
+            values.update(_groups(found))
+        else:
+            values["_frame"] = frame
+            return values
+    return None
+
+
+def _match_log(rule: Rule, log_text: str) -> dict[str, Any] | None:
+    values: dict[str, Any] = {}
+    if rule.logs:
+        found = _first_search(rule.logs, log_text)
+        if found is None:
+            return None
+        values.update(_groups(found))
+        start = log_text.rfind("\n", 0, found.start()) + 1
+        end = log_text.find("\n", found.end())
+        values["log_match"] = log_text[start : end if end >= 0 else len(log_text)]
+    if any(pattern.search(log_text) for pattern in rule.not_logs):
+        return None
+    return values
+
+
+def _first_search(patterns, text: str):
+    for pattern in patterns:
+        found = pattern.search(text)
+        if found is not None:
+            return found
+    return None
+
+
+def _groups(found) -> dict[str, Any]:
+    return {name: value for name, value in found.groupdict().items() if value is not None}
+
+
+def _diagnosis(
+    rule: Rule,
+    incident: Incident,
+    exc: ExceptionInfo | None,
+    index: int | None,
+    values: dict[str, Any],
+    weight: float,
+    warnings: list[str],
+) -> Diagnosis:
+    matched_frame = values.pop("_frame", None)
+    frame = matched_frame or (exc.user_frame() if exc else None)
+    if frame is None and incident.exception is not None:
+        frame = incident.exception.user_frame()
+    context = template_context(incident, exc, frame, values)
+    rendered = {}
+    for name, source in rule.template_fields().items():
+        try:
+            rendered[name] = templates.render(source, context)
+        except templates.TemplateError as exc_:
+            warnings.append(f"rule {rule.id} ({rule.location}): {name}: {exc_}")
+            rendered[name] = source.strip()
+    evidence = _evidence(incident, exc, frame, values)
+    evidence.extend(rendered[f"evidence[{n}]"] for n in range(len(rule.evidence)))
+    return Diagnosis(
+        rule=rule.id,
+        category=rule.category,
+        confidence=rule.confidence * weight,
+        title=rendered["title"],
+        hypothesis=rendered["hypothesis"],
+        fix=rendered["fix"],
+        confirm=rendered.get("confirm", ""),
+        evidence=evidence,
+        probe_names=list(rule.probes),
+        values=values,
+        exception_index=index,
+        rule_location=rule.location,
+    )
+
+
+def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame | None, values: dict[str, Any]) -> dict[str, Any]:
+    """What a rule's templates can see: its captured values and plain fields of the incident."""
+    context: dict[str, Any] = {
+        "exception": {"type": exc.type, "message": exc.message, "headline": exc.headline} if exc else None,
+        "frame": (
+            {"file": frame.file, "line": frame.line, "function": frame.function, "code": frame.code or "", "where": frame.where}
+            if frame
+            else None
+        ),
+        "location": frame.where if frame else "",
+        "rank": exc.rank if exc and exc.rank is not None else incident.rank,
+        "worker": exc.worker if exc and exc.worker is not None else incident.worker,
+        "kind": incident.kind,
+        "signal": incident.signal,
+        "exit_code": incident.exit_code,
+        "facts": incident.facts,
+        "log_match": values.get("log_match", ""),
+    }
+    context.update(values)
+    return context
+
+
+def _evidence(incident: Incident, exc: ExceptionInfo | None, frame: Frame | None, values: dict[str, Any]) -> list[str]:
+    evidence = []
+    if exc is not None and exc.type:
+        evidence.append(_clip(exc.headline))
+    if frame is not None:
+        code = f": {frame.code}" if frame.code else ""
+        evidence.append(_clip(f"raised at {frame.where}{code}"))
+    if values.get("log_match"):
+        evidence.append(_clip(f"log: {values['log_match'].strip()}"))
+    worker = exc.worker if exc and exc.worker is not None else incident.worker
+    rank = exc.rank if exc and exc.rank is not None else incident.rank
+    if worker is not None:
+        evidence.append(f"in DataLoader worker {worker}")
+    if rank is not None:
+        evidence.append(f"on rank {rank}")
+    if incident.signal:
+        evidence.append(f"process died of {incident.signal}" + (f" (exit code {incident.exit_code})" if incident.exit_code is not None else ""))
+    return evidence
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_EVIDENCE_CHARS else text[: MAX_EVIDENCE_CHARS - 1] + "…"

@@ -1,0 +1,321 @@
+"""A knowledge-base rule: its schema, its validation, and the compiled form the matcher uses."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import regex
+
+from ..incident import KINDS
+from ..probes import known_probes
+from . import templates
+from .safe_regex import SafePattern, compile_pattern
+from .yamlpos import LocatedDict, LocatedList, Position
+
+CATEGORIES = (
+    "shape", "device", "dtype", "index", "cuda-assert", "inplace", "autograd", "oom", "nan",
+    "dataloader", "checkpoint", "distributed", "cuda-env", "compile", "python",
+)  # fmt: skip
+
+RULE_KEYS = {
+    "id": "a dotted id that reads as the finding, e.g. shape.linear-in-features",
+    "category": "one of the categories in DESIGN.md",
+    "title": "what went wrong, in one line (a template)",
+    "confidence": "how sure a match makes us, 0 to 1",
+    "match": "how to recognise the failure",
+    "hypothesis": "why it happened (a template)",
+    "confirm": "how to confirm it (a template)",
+    "fix": "what to change (a template)",
+    "evidence": "extra evidence lines (templates)",
+    "probes": "names of probes that test the hypothesis",
+    "references": "links to docs or issues",
+    "aliases": "old ids of this rule",
+    "examples": "match / no_match log excerpts that test the rule",
+}
+MATCH_KEYS = {
+    "exception": "exception type name(s), short or dotted",
+    "message": "regex(es) searched in the exception message; any may match",
+    "not_message": "regex(es) that must not match the message",
+    "log": "regex(es) searched in the log lines around the failure",
+    "not_log": "regex(es) that must not match the log lines",
+    "frame": "regexes for a frame's file/function/code; any frame may match",
+    "kind": "incident kind(s): exception, hard-crash, hang, nan",
+}
+FRAME_KEYS = {"file", "function", "code", "user"}
+EXAMPLE_KEYS = {"match", "no_match"}
+EXAMPLE_ITEM_KEYS = {"log", "vars"}
+ID_PATTERN = re.compile(r"[a-z][a-z0-9-]*(?:\.[a-z0-9][a-z0-9-]*)+")
+DEFAULT_CONFIDENCE = 0.8
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a rule file, where it is, and a hint how to mend it."""
+
+    path: str
+    line: int
+    col: int
+    message: str
+    hint: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}:{self.col}: {self.message}"
+
+
+@dataclass
+class Example:
+    """A log excerpt a rule must (or must not) match, with values it must extract."""
+
+    log: str
+    line: int
+    vars: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Rule:
+    """A validated rule, its patterns compiled and its templates checked."""
+
+    id: str
+    category: str
+    title: str
+    hypothesis: str
+    fix: str
+    confirm: str = ""
+    confidence: float = DEFAULT_CONFIDENCE
+    exception_types: tuple[str, ...] = ()
+    messages: list[SafePattern] = field(default_factory=list)
+    not_messages: list[SafePattern] = field(default_factory=list)
+    logs: list[SafePattern] = field(default_factory=list)
+    not_logs: list[SafePattern] = field(default_factory=list)
+    frame: dict[str, Any] = field(default_factory=dict)
+    kinds: tuple[str, ...] = ()
+    evidence: list[str] = field(default_factory=list)
+    probes: list[str] = field(default_factory=list)
+    references: list[str] = field(default_factory=list)
+    aliases: list[str] = field(default_factory=list)
+    matches: list[Example] = field(default_factory=list)
+    no_matches: list[Example] = field(default_factory=list)
+    path: str = ""
+    line: int = 0
+    origin: str = "built-in"
+
+    @property
+    def location(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    @property
+    def needs_exception(self) -> bool:
+        return bool(self.exception_types or self.messages or self.not_messages or self.frame)
+
+    @property
+    def specificity(self) -> int:
+        """How many conditions a match satisfied; the more, the more specific."""
+        return (
+            bool(self.exception_types) + len(self.messages[:1]) + len(self.logs[:1]) + bool(self.frame)
+            + bool(self.not_messages) + bool(self.not_logs) + bool(self.kinds)
+        )  # fmt: skip
+
+    def template_fields(self) -> dict[str, str]:
+        out = {"title": self.title, "hypothesis": self.hypothesis, "fix": self.fix}
+        if self.confirm:
+            out["confirm"] = self.confirm
+        out.update((f"evidence[{n}]", text) for n, text in enumerate(self.evidence))
+        return out
+
+
+class _Builder:
+    """Turns one rule mapping into a Rule, collecting every problem rather than the first."""
+
+    def __init__(self, data: LocatedDict, path: str) -> None:
+        self.data = data
+        self.path = path
+        self.problems: list[Problem] = []
+
+    def problem(self, position: Position | None, message: str, hint: str = "") -> None:
+        position = position or self.data.position
+        self.problems.append(Problem(self.path, position.line, position.col, message, hint))
+
+    def key_pos(self, mapping: Any, key: str) -> Position | None:
+        return getattr(mapping, "key_positions", {}).get(key) or getattr(mapping, "position", None)
+
+    def value_pos(self, mapping: Any, key: str) -> Position | None:
+        return getattr(mapping, "value_positions", {}).get(key) or getattr(mapping, "position", None)
+
+    def unknown_keys(self, mapping: LocatedDict, allowed: dict[str, str] | set[str], where: str) -> None:
+        for key in mapping:
+            if key not in allowed:
+                close = difflib.get_close_matches(str(key), list(allowed), n=1)
+                hint = f"did you mean '{close[0]}'?" if close else f"allowed keys: {', '.join(sorted(allowed))}"
+                self.problem(self.key_pos(mapping, key), f"unknown key '{key}' in {where}", hint)
+
+    def text(self, mapping: Any, key: str, required: bool) -> str:
+        value = mapping.get(key) if isinstance(mapping, dict) else None
+        if value is None:
+            if required:
+                self.problem(getattr(mapping, "position", None), f"missing required key '{key}'")
+            return ""
+        if not isinstance(value, str) or not value.strip():
+            self.problem(self.value_pos(mapping, key), f"'{key}' must be non-empty text")
+            return ""
+        return value
+
+    def string_list(self, mapping: Any, key: str) -> tuple[list[str], list[Position]]:
+        value = mapping.get(key)
+        if value is None:
+            return [], []
+        if isinstance(value, str):
+            return [value], [self.value_pos(mapping, key)]
+        if isinstance(value, list) and all(isinstance(item, str) for item in value):
+            positions = list(getattr(value, "item_positions", [])) or [self.value_pos(mapping, key)] * len(value)
+            return list(value), positions
+        self.problem(self.value_pos(mapping, key), f"'{key}' must be text or a list of text")
+        return [], []
+
+    def patterns(self, mapping: Any, key: str) -> list[SafePattern]:
+        sources, positions = self.string_list(mapping, key)
+        compiled = []
+        for source, position in zip(sources, positions):
+            try:
+                compiled.append(compile_pattern(source))
+            except regex.error as exc:
+                offset = f" at offset {exc.pos}" if getattr(exc, "pos", None) is not None else ""
+                self.problem(position, f"bad regex in '{key}': {exc.msg if hasattr(exc, 'msg') else exc}{offset}",
+                             "patterns use the `regex` package's syntax; escape ( ) [ ] . * + ? literally with \\")
+        return compiled
+
+    def build(self) -> Rule | None:
+        data = self.data
+        self.unknown_keys(data, RULE_KEYS, "a rule")
+        rule_id = self.text(data, "id", required=True)
+        if rule_id and not ID_PATTERN.fullmatch(rule_id):
+            self.problem(self.value_pos(data, "id"), f"rule id '{rule_id}' is not dotted lower-case words",
+                         "use family.finding, e.g. shape.linear-in-features")
+        category = self.text(data, "category", required=True)
+        if category and category not in CATEGORIES:
+            close = difflib.get_close_matches(category, CATEGORIES, n=1)
+            self.problem(self.value_pos(data, "category"), f"unknown category '{category}'",
+                         f"did you mean '{close[0]}'?" if close else f"one of: {', '.join(CATEGORIES)}")
+        rule = Rule(
+            id=rule_id, category=category,
+            title=self.text(data, "title", required=True),
+            hypothesis=self.text(data, "hypothesis", required=True),
+            fix=self.text(data, "fix", required=True),
+            confirm=self.text(data, "confirm", required=False),
+            path=self.path, line=data.position.line,
+        )  # fmt: skip
+        confidence = data.get("confidence", DEFAULT_CONFIDENCE)
+        if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence <= 1:
+            self.problem(self.value_pos(data, "confidence"), "confidence must be a number in (0, 1]")
+        else:
+            rule.confidence = float(confidence)
+        self.build_match(rule)
+        rule.evidence = self.string_list(data, "evidence")[0]
+        rule.probes = self.string_list(data, "probes")[0]
+        for name, position in zip(rule.probes, self.string_list(data, "probes")[1]):
+            if name not in known_probes():
+                close = difflib.get_close_matches(name, sorted(known_probes()), n=1)
+                self.problem(position, f"unknown probe '{name}'",
+                             f"did you mean '{close[0]}'?" if close else "known probes: " + (", ".join(sorted(known_probes())) or "none"))
+        rule.references = self.string_list(data, "references")[0]
+        rule.aliases = self.string_list(data, "aliases")[0]
+        self.check_templates(rule)
+        self.build_examples(rule)
+        return None if self.problems else rule
+
+    def build_match(self, rule: Rule) -> None:
+        match = self.data.get("match")
+        if not isinstance(match, dict) or not match:
+            self.problem(self.value_pos(self.data, "match") if "match" in self.data else None,
+                         "missing or empty 'match'", "give at least one of: " + ", ".join(MATCH_KEYS))
+            return
+        self.unknown_keys(match, MATCH_KEYS, "'match'")
+        rule.exception_types = tuple(self.string_list(match, "exception")[0])
+        rule.messages = self.patterns(match, "message")
+        rule.not_messages = self.patterns(match, "not_message")
+        rule.logs = self.patterns(match, "log")
+        rule.not_logs = self.patterns(match, "not_log")
+        kinds, positions = self.string_list(match, "kind")
+        for kind, position in zip(kinds, positions):
+            if kind not in KINDS:
+                self.problem(position, f"unknown incident kind '{kind}'", f"one of: {', '.join(KINDS)}")
+        rule.kinds = tuple(kinds)
+        frame = match.get("frame")
+        if frame is not None:
+            if not isinstance(frame, dict):
+                self.problem(self.value_pos(match, "frame"), "'frame' must be a mapping of file/function/code regexes")
+            else:
+                self.unknown_keys(frame, FRAME_KEYS, "'frame'")
+                for key in ("file", "function", "code"):
+                    if key in frame:
+                        found = self.patterns(frame, key)
+                        if found:
+                            rule.frame[key] = found[0]
+                if "user" in frame:
+                    if isinstance(frame["user"], bool):
+                        rule.frame["user"] = frame["user"]
+                    else:
+                        self.problem(self.value_pos(frame, "user"), "'user' must be true or false")
+        if not (rule.exception_types or rule.messages or rule.logs or rule.frame or rule.kinds):
+            self.problem(self.value_pos(self.data, "match"), "'match' has no condition that can match",
+                         "give exception, message, log, frame or kind")
+
+    def captured_names(self, rule: Rule) -> set[str]:
+        names: set[str] = set()
+        for pattern in [*rule.messages, *rule.logs, *(p for p in rule.frame.values() if isinstance(p, SafePattern))]:
+            names |= pattern.group_names
+        return names
+
+    def check_templates(self, rule: Rule) -> None:
+        known = self.captured_names(rule) | templates.CONTEXT_NAMES
+        for name, source in rule.template_fields().items():
+            key = name.split("[")[0]
+            try:
+                used = templates.check(source)
+            except templates.TemplateError as exc:
+                self.problem(self.value_pos(self.data, key), f"'{key}': {exc}")
+                continue
+            for unknown in sorted(used - known):
+                close = difflib.get_close_matches(unknown, sorted(known), n=1)
+                self.problem(self.value_pos(self.data, key),
+                             f"'{key}' uses '{unknown}', which no pattern of this rule captures",
+                             f"did you mean '{close[0]}'?" if close else "name it in a (?P<name>...) group")
+
+    def build_examples(self, rule: Rule) -> None:
+        examples = self.data.get("examples")
+        if not isinstance(examples, dict):
+            self.problem(self.key_pos(self.data, "examples") if "examples" in self.data else None,
+                         "missing 'examples' with 'match' and 'no_match' lists",
+                         "every rule is tested: give real log excerpts it must and must not match")
+            return
+        self.unknown_keys(examples, EXAMPLE_KEYS, "'examples'")
+        for key, target in (("match", rule.matches), ("no_match", rule.no_matches)):
+            items = examples.get(key)
+            if not isinstance(items, list) or not items:
+                self.problem(self.value_pos(examples, key) if key in examples else examples.position,
+                             f"'examples.{key}' must be a non-empty list")
+                continue
+            for item, position in zip(items, items.item_positions if isinstance(items, LocatedList) else []):
+                if isinstance(item, str):
+                    target.append(Example(item, position.line))
+                elif isinstance(item, dict) and isinstance(item.get("log"), str):
+                    self.unknown_keys(item, EXAMPLE_ITEM_KEYS, "an example")
+                    values = item.get("vars") or {}
+                    if not isinstance(values, dict):
+                        self.problem(self.value_pos(item, "vars"), "'vars' must map names to expected values")
+                        values = {}
+                    target.append(Example(item["log"], position.line, dict(values)))
+                else:
+                    self.problem(position, "an example is a log excerpt, or a mapping with 'log' and 'vars'")
+
+
+def build_rule(data: Any, path: str, position: Position) -> tuple[Rule | None, list[Problem]]:
+    """Validate one rule mapping; returns the rule (None if it has problems) and the problems."""
+    if not isinstance(data, LocatedDict):
+        return None, [Problem(path, position.line, position.col, "a rule must be a mapping with id, category, match, ...")]
+    builder = _Builder(data, path)
+    rule = builder.build()
+    return rule, builder.problems

@@ -1,0 +1,111 @@
+"""Load YAML safely, keeping the line and column of every mapping key and list item.
+
+Rule files are data written by people: a mistake must be reported at its
+`file:line:col`, and a hostile file (alias bomb, deep nesting, huge size)
+refused with a message rather than exhausting memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+MAX_RULE_FILE_BYTES = 2 * 1024 * 1024
+MAX_DEPTH = 24
+MAX_NODES = 200_000
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@dataclass(frozen=True)
+class Position:
+    """A 1-based line and column in a file."""
+
+    line: int
+    col: int
+
+
+class LocatedDict(dict):
+    """A mapping that remembers where it, each key and each value stand in the file."""
+
+    position: Position
+    key_positions: dict[Any, Position]
+    value_positions: dict[Any, Position]
+
+
+class LocatedList(list):
+    """A list that remembers where it and each item stand in the file."""
+
+    position: Position
+    item_positions: list[Position]
+
+
+class YamlError(Exception):
+    """Raised when a rule file is not usable YAML; carries the position of the problem."""
+
+    def __init__(self, message: str, position: Position | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.position = position
+
+
+def load_located(text: str) -> Any:
+    """Parse one YAML document into plain data made of LocatedDict/LocatedList and scalars."""
+    if len(text.encode("utf-8", errors="replace")) > MAX_RULE_FILE_BYTES:
+        raise YamlError(f"file is larger than {MAX_RULE_FILE_BYTES >> 20} MB; split it into families")
+    try:
+        node = yaml.compose(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        position = Position(mark.line + 1, mark.column + 1) if mark else None
+        raise YamlError(f"{exc.problem or exc.context or 'invalid YAML'}", position) from None
+    except yaml.YAMLError as exc:
+        raise YamlError(f"invalid YAML ({exc})") from None
+    if node is None:
+        return None
+    return _Converter().convert(node, 0)
+
+
+def _position(node: yaml.Node) -> Position:
+    return Position(node.start_mark.line + 1, node.start_mark.column + 1)
+
+
+class _Converter:
+    def __init__(self) -> None:
+        self.nodes = 0
+        self.constructor = yaml.constructor.SafeConstructor()
+
+    def convert(self, node: yaml.Node, depth: int) -> Any:
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise YamlError(f"more than {MAX_NODES} YAML nodes (an alias bomb?); refused", _position(node))
+        if depth > MAX_DEPTH:
+            raise YamlError(f"nested deeper than {MAX_DEPTH} levels; refused", _position(node))
+        if isinstance(node, yaml.MappingNode):
+            out = LocatedDict()
+            out.position, out.key_positions, out.value_positions = _position(node), {}, {}
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    raise YamlError("merge keys (<<) are not supported in rule files", _position(key_node))
+                key = self.convert(key_node, depth + 1)
+                if not isinstance(key, (str, int, float, bool)) or key is None:
+                    raise YamlError("mapping keys must be plain scalars", _position(key_node))
+                if key in out:
+                    raise YamlError(f"duplicate key {key!r}", _position(key_node))
+                out[key] = self.convert(value_node, depth + 1)
+                out.key_positions[key] = _position(key_node)
+                out.value_positions[key] = _position(value_node)
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            items = LocatedList()
+            items.position, items.item_positions = _position(node), []
+            for item in node.value:
+                items.append(self.convert(item, depth + 1))
+                items.item_positions.append(_position(item))
+            return items
+        try:
+            return self.constructor.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            raise YamlError(f"bad scalar ({getattr(exc, 'problem', exc)})", _position(node)) from None

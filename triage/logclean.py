@@ -1,0 +1,110 @@
+"""Turn raw log text into clean lines: no colour codes, progress redraws or per-line prefixes.
+
+Each line keeps the rank its prefix named (`[rank3]:`, `[default3]:`, `3: `,
+`[1,3]<stderr>:`), so the parser can pull interleaved ranks apart, and a flag
+saying whether the line began a new log record (a timestamp or logger prefix),
+which ends a multi-line exception message.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MAX_LINE_CHARS = 64 * 1024
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()][A-Za-z0-9]|\x1b[=>]")
+
+_RANK_PREFIXES = (
+    re.compile(r"\[(?:rank|default|RANK)(?P<rank>\d+)\]:\s?"),  # torch's own, torchrun --tee
+    re.compile(r"\[\d+,(?P<rank>\d+)\]<std(?:out|err)>:\s?"),  # Open MPI --tag-output
+    re.compile(r"(?:rank|RANK)\s?(?P<rank>\d+):\s"),
+    re.compile(r"(?P<rank>\d{1,4}): (?=\S|\s+File |\s{2,}\S)"),  # srun --label
+)
+
+_RECORD_PREFIXES = (
+    # 2024-03-01 12:34:56,789 / 2024-03-01T12:34:56.789Z, optionally bracketed, then a level
+    re.compile(
+        r"\[?\d{4}-\d\d-\d\d[ T_]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?"
+        r"(?:\s*[|:-]?\s*\[?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]?)?"
+        r"(?:\s*[|:-]?\s*\[?[\w.<>]+(?::\d+)?\]?\s*[|:-])?\s?"
+    ),
+    # glog style, as torchelastic and c10 print: E1105 12:34:56.789000 1234 path/file.py:123]
+    re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+[^\]\s]+\]\s?"),
+    # python logging's default format: ERROR:root: / WARNING:torch.distributed.run:
+    re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.<>]+:\s?"),
+    # [12:34:56] / 12:34:56 timestamps with a level
+    re.compile(r"\[?\d\d:\d\d:\d\d(?:[.,]\d+)?\]?\s+(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s*[|:-]?\s?"),
+)
+
+_PDB_LOCATION = re.compile(r"> \S.*\(\d+\)\S*\(\)")
+_QUOTE = re.compile(r"(?:> ?)+")
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One cleaned line: its text, its 1-based number in the input, and what its prefix said."""
+
+    text: str
+    number: int
+    rank: int | None = None
+    record_start: bool = False
+
+
+def clean_lines(text: str, first_number: int = 1) -> list[LogLine]:
+    """Split `text` into cleaned lines; see the module docstring for what is removed."""
+    out: list[LogLine] = []
+    in_fence = False
+    for number, raw in enumerate(text.split("\n"), start=first_number):
+        line = _clean_one(raw)
+        if line.lstrip().startswith("```"):
+            in_fence = not in_fence
+            rest = line.strip().strip("`").strip()
+            if not rest or re.fullmatch(r"\w+", rest):
+                continue  # a fence line, with or without a language tag
+            line = rest
+        rank, record_start, line = _strip_prefixes(line)
+        out.append(LogLine(line, number, rank, record_start))
+    return out
+
+
+def _clean_one(raw: str) -> str:
+    line = raw
+    if len(line) > MAX_LINE_CHARS:
+        line = f"{line[:MAX_LINE_CHARS]} [... {len(line) - MAX_LINE_CHARS} characters cut]"
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    if "\r" in line:
+        # A progress bar redraws with carriage returns; what shows is the last redraw.
+        parts = [part for part in line.rstrip("\r").split("\r") if part.strip()]
+        line = parts[-1] if parts else ""
+    return line.rstrip()
+
+
+def _strip_prefixes(line: str) -> tuple[int | None, bool, str]:
+    rank: int | None = None
+    record_start = False
+    for _ in range(4):
+        changed = False
+        if line.startswith(">") and not _PDB_LOCATION.match(line):
+            line = _QUOTE.sub("", line, count=1)
+            changed = True
+        for pattern in _RANK_PREFIXES:
+            match = pattern.match(line)
+            if match:
+                rank = int(match.group("rank")) if rank is None else rank
+                line = line[match.end():]
+                changed = True
+                break
+        for pattern in _RECORD_PREFIXES:
+            match = pattern.match(line)
+            if match and match.end() > 0:
+                record_start = True
+                line = line[match.end():]
+                changed = True
+                break
+        if not changed:
+            break
+    if len(line) > 2 and line[0] == "`" and line[-1] == "`" and line.count("`") == 2:
+        line = line[1:-1]
+    return rank, record_start, line

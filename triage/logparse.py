@@ -1,0 +1,357 @@
+"""Parse a pasted log into an Incident: tracebacks, chains, ranks, workers and the lines around them.
+
+Handles plain Python 3 and 2 tracebacks, IPython/Jupyter tracebacks of every
+IPython generation, VS Code's "Exception has occurred" view, chained exceptions,
+tracebacks nested inside messages (DataLoader workers, `mp.spawn`), interleaved
+ranks, torchrun's failure summary, and logs with an error line but no traceback.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+
+from .incident import ExceptionInfo, Frame, Incident, is_user_path
+from .logclean import LogLine, clean_lines
+from .logread import LogText
+
+MAX_FRAMES_HEAD = 50
+MAX_FRAMES_TAIL = 200
+MAX_MESSAGE_LINES = 400
+MAX_MESSAGE_CHARS = 128 * 1024
+MAX_EXCEPTIONS = 200
+MAX_NESTING = 3
+LOG_LINES_TAIL = 200
+LOG_LINES_NOTABLE = 200
+
+_TRACEBACK_HEAD = re.compile(r"\s*(?:Original )?Traceback \(most recent call last\):?\s*$")
+_IPYTHON_HEAD = re.compile(r"(?P<type>[A-Za-z_][\w.]*)\s{2,}Traceback \(most recent call last\)")
+_VSCODE_HEAD = re.compile(r"Exception has occurred: (?P<type>[A-Za-z_][\w.]*)\s*$")
+_CAUSE = "The above exception was the direct cause of the following exception"
+_CONTEXT = "During handling of the above exception, another exception occurred"
+
+_FRAME = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+)(?:, in (?P<func>.+?))?\s*$')
+_IPY_CELL = re.compile(r"\s*Cell In ?\[(?P<cell>\d+)\], line (?P<line>\d+)")
+_IPY_INPUT = re.compile(r"\s*Input In ?\[(?P<cell>\d+)\], in (?P<func>.+?)(?:\(\))?\s*$")
+_IPY_FILE = re.compile(r"\s*File (?P<file>[^\"\s].*?):(?P<line>\d+), in (?P<func>[^(\s]+)")
+_IPY_OLD = re.compile(r"(?P<file><ipython-input-[^>]+>|[~/.][^\s]*|[A-Za-z]:\\\S*) in (?P<func>[\w.<>]+)(?:\(.*\))?\s*$")
+_IPY_ARROW = re.compile(r"-*> ?(?P<line>\d+)\s(?P<code>.*)$")
+_IPY_CONTEXT_LINE = re.compile(r"\s+\d+\s")
+_CARETS = re.compile(r"\s*[~^]+\s*$")
+_REPEATED = re.compile(r"\s*\[Previous line repeated (?P<count>\d+) more times?\]")
+
+# After a traceback's frames: `RuntimeError: msg`, `torch.OutOfMemoryError: msg`, `_queue.Empty`.
+_EXCEPTION_LINE = re.compile(r"(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*)(?::(?: (?P<msg>.*)|$)|$)")
+# With no traceback around it, only names that read as errors count.
+_BARE_ERROR_LINE = re.compile(
+    r"(?P<type>(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Interrupt|Exit|Failure))(?::(?: (?P<msg>.*)|$)|$)"
+)
+
+_WORKER = re.compile(r"in DataLoader worker process (?P<worker>\d+)")
+_SPAWNED_PROCESS = re.compile(r"-- Process (?P<rank>\d+) terminated with the following error")
+_WRAPPER_TYPES = {"ChildFailedError", "ProcessRaisedException", "ProcessExitedException", "Empty"}
+
+_TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+)")
+_TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)")
+_SIGNAL_RECEIVED = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG[A-Z]+)\) received by PID")
+_SHELL_DEATH = re.compile(
+    r"(?:^|\s)(?P<what>Killed|Segmentation fault|Bus error|Aborted|Floating point exception|Illegal instruction)"
+    r"(?: \(core dumped\))?(?:\s+.*)?$"
+)
+_FATAL_PYTHON = re.compile(r"Fatal Python error: (?P<what>Segmentation fault|Bus error|Aborted|Floating point exception)")
+_SIGNALS = {
+    "Killed": ("SIGKILL", 9),
+    "Segmentation fault": ("SIGSEGV", 11),
+    "Bus error": ("SIGBUS", 7),
+    "Aborted": ("SIGABRT", 6),
+    "Floating point exception": ("SIGFPE", 8),
+    "Illegal instruction": ("SIGILL", 4),
+}
+_NAN_LINE = re.compile(r"(?i)\b(?:loss|grad(?:ient)?s?(?: norm)?)\b[^\n]{0,40}?[=:]\s*[-+]?(?:nan|inf)\b|\bnan\b[^\n]{0,30}\b(?:loss|detected|encountered)\b")
+_NOTABLE = re.compile(
+    r"(?i)error|assert|\bnan\b|\binf\b|killed|signal|nccl|warn|exception|timeout|timed out|fail|out of memory|segmentation|bus error|abort"
+)
+
+
+@dataclass
+class _Stream:
+    """The lines of one rank (or of unprefixed output), parsed on their own."""
+
+    lines: list[LogLine]
+    exceptions: list[ExceptionInfo] = field(default_factory=list)
+    context: list[LogLine] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def parse_log(log: LogText) -> Incident:
+    """Parse everything kept from a log into one Incident."""
+    streams: list[_Stream] = []
+    number = 1
+    for segment in log.segments:
+        lines = clean_lines(segment, first_number=number)
+        number += len(lines) + 1
+        by_rank: dict[int | None, list[LogLine]] = {}
+        for line in lines:
+            by_rank.setdefault(line.rank, []).append(line)
+        streams.extend(_Stream(stream_lines) for stream_lines in by_rank.values())
+    for stream in streams:
+        _TracebackScanner(stream).scan()
+    incident = _assemble(streams)
+    incident.notes[:0] = log.notes
+    return incident
+
+
+def parse_text(text: str) -> Incident:
+    """Parse log text already in memory (rule examples, tests, the live runner's stderr)."""
+    return parse_log(LogText(segments=[text], size=len(text), name="<text>"))
+
+
+class _TracebackScanner:
+    def __init__(self, stream: _Stream, depth: int = 0) -> None:
+        self.stream = stream
+        self.lines = stream.lines
+        self.depth = depth
+        self.pending_link: str | None = None
+
+    def scan(self) -> None:
+        lines, i = self.lines, 0
+        while i < len(lines):
+            text = lines[i].text
+            if "Traceback" in text and (_TRACEBACK_HEAD.match(text) or _IPYTHON_HEAD.match(text)):
+                ipython = _IPYTHON_HEAD.match(text)
+                i = self._read_traceback(i + 1, preset_type=ipython.group("type") if ipython else None)
+                continue
+            if text.startswith("Exception has occurred"):
+                vscode = _VSCODE_HEAD.match(text)
+                if vscode:
+                    i = self._read_vscode(i + 1, vscode.group("type"))
+                    continue
+            if _CAUSE in text:
+                self.pending_link = "cause"
+            elif _CONTEXT in text:
+                self.pending_link = "context"
+            else:
+                self.stream.context.append(lines[i])
+            i += 1
+
+    def _read_vscode(self, i: int, exc_type: str) -> int:
+        message: list[str] = []
+        while i < len(self.lines) and not _FRAME.match(self.lines[i].text) and len(message) < MAX_MESSAGE_LINES:
+            if self.lines[i].text.strip():
+                message.append(self.lines[i].text)
+            i += 1
+        return self._read_traceback(i, preset_type=exc_type, preset_message="\n".join(message))
+
+    def _read_traceback(self, i: int, preset_type: str | None = None, preset_message: str = "") -> int:
+        lines = self.lines
+        head: list[Frame] = []
+        tail: deque[Frame] = deque(maxlen=MAX_FRAMES_TAIL)
+        omitted = 0
+        frame: Frame | None = None
+        start_number = lines[i - 1].number if i > 0 else (lines[0].number if lines else 0)
+
+        def push(new: Frame) -> Frame:
+            nonlocal omitted
+            if len(head) < MAX_FRAMES_HEAD:
+                head.append(new)
+            else:
+                if len(tail) == tail.maxlen:
+                    omitted += 1
+                tail.append(new)
+            return new
+
+        while i < len(lines):
+            text = lines[i].text
+            stripped = text.strip()
+            match = _FRAME.match(text)
+            if match:
+                frame = push(_frame(match.group("file"), match.group("line"), match.group("func") or "<module>"))
+                i += 1
+                continue
+            if not stripped:
+                i += 1
+                continue
+            ipy_frame = _ipython_frame(text)
+            if ipy_frame is not None:
+                frame = push(ipy_frame)
+                i += 1
+                continue
+            if frame is not None and text[0] in " \t-":
+                arrow = _IPY_ARROW.match(stripped) if text[0] == "-" or stripped.startswith("-") else None
+                if arrow:
+                    frame.line = frame.line or int(arrow.group("line"))
+                    frame.code = arrow.group("code").strip()
+                elif _REPEATED.match(text):
+                    omitted += int(_REPEATED.match(text).group("count"))
+                elif frame.code is None and not _CARETS.match(text) and not _IPY_CONTEXT_LINE.match(text):
+                    frame.code = stripped
+                i += 1
+                continue
+            if text[0] in " \t" and (stripped == "..." or _CARETS.match(text) or _IPY_CONTEXT_LINE.match(text)):
+                i += 1
+                continue
+            break
+
+        frames = head + list(tail)
+        if i >= len(lines) or not _EXCEPTION_LINE.match(lines[i].text):
+            if preset_type:
+                self._add(ExceptionInfo(preset_type, preset_message, frames, line_no=start_number), omitted)
+            elif frames:
+                # Cut off before the exception line: keep the frames, say so.
+                self._add(ExceptionInfo("", "", frames, line_no=start_number), omitted)
+                self.stream.notes.append(f"a traceback at line {start_number} is cut off before its exception line")
+            return i
+
+        match = _EXCEPTION_LINE.match(lines[i].text)
+        exc_type = match.group("type")
+        message_lines = [match.group("msg") or ""]
+        i += 1
+        size = len(message_lines[0])
+        while i < len(lines) and len(message_lines) < MAX_MESSAGE_LINES and size < MAX_MESSAGE_CHARS:
+            line = lines[i]
+            text = line.text
+            if not text.strip() or line.record_start:
+                break
+            if "Traceback" in text and not text.lstrip().startswith("Original") and _TRACEBACK_HEAD.match(text):
+                break
+            if _CAUSE in text or _CONTEXT in text:
+                break
+            message_lines.append(text)
+            size += len(text)
+            i += 1
+        message = "\n".join(message_lines).strip("\n")
+        if not message.strip() and preset_message:
+            message = preset_message
+        self._add(ExceptionInfo(exc_type, message.strip(), frames, line_no=start_number), omitted)
+        return i
+
+    def _add(self, exc: ExceptionInfo, omitted: int) -> None:
+        if len(self.stream.exceptions) >= MAX_EXCEPTIONS:
+            return
+        exc.link, self.pending_link = self.pending_link, None
+        exc.rank = self.lines[0].rank if self.lines else None
+        if omitted:
+            self.stream.notes.append(f"{exc.type or 'a traceback'}: {omitted} frames not shown")
+        self.stream.exceptions.append(exc)
+        if self.depth < MAX_NESTING and "Traceback (most recent call last)" in exc.message:
+            self._unwrap_nested(exc)
+
+    def _unwrap_nested(self, outer: ExceptionInfo) -> None:
+        """A traceback inside a message (DataLoader worker, mp.spawn child) is the real failure."""
+        inner_lines = [
+            LogLine(text, (outer.line_no or 0) + n, outer.rank)
+            for n, text in enumerate(outer.message.split("\n"), start=1)
+        ]
+        inner = _Stream(inner_lines)
+        _TracebackScanner(inner, depth=self.depth + 1).scan()
+        if not inner.exceptions:
+            return
+        worker = _WORKER.search(outer.message)
+        spawned = _SPAWNED_PROCESS.search(outer.message)
+        for exc in inner.exceptions:
+            exc.worker = int(worker.group("worker")) if worker else exc.worker
+            exc.rank = int(spawned.group("rank")) if spawned else exc.rank
+        outer.wrapper = True
+        self.stream.exceptions.extend(inner.exceptions)
+        self.stream.notes.extend(inner.notes)
+
+
+def _frame(file: str, line: str | None, function: str) -> Frame:
+    return Frame(file=file, line=int(line) if line else None, function=function.strip(), user=is_user_path(file))
+
+
+def _ipython_frame(text: str) -> Frame | None:
+    match = _IPY_CELL.match(text)
+    if match:
+        return Frame(f"Cell In[{match.group('cell')}]", int(match.group("line")), "<cell>", user=True)
+    match = _IPY_INPUT.match(text)
+    if match:
+        return Frame(f"Input In [{match.group('cell')}]", None, match.group("func"), user=True)
+    if text.startswith("File ") or text.startswith(" File "):
+        match = _IPY_FILE.match(text)
+        if match:
+            return _frame(match.group("file"), match.group("line"), match.group("func"))
+    if text[0] not in " \t-":
+        match = _IPY_OLD.match(text)
+        if match:
+            return _frame(match.group("file"), None, match.group("func"))
+    return None
+
+
+def _assemble(streams: list[_Stream]) -> Incident:
+    exceptions = sorted((e for s in streams for e in s.exceptions), key=lambda e: e.line_no or 0)
+    context = sorted((line for s in streams for line in s.context), key=lambda line: line.number)
+    notes = [note for s in streams for note in s.notes]
+    if not exceptions:
+        exceptions = _bare_errors(context)
+    candidates = [e for e in exceptions if not e.wrapper and e.short_type not in _WRAPPER_TYPES and e.type]
+    root = candidates[0] if candidates else (exceptions[0] if exceptions else None)
+
+    incident = Incident(source="log", exception=root, exceptions=exceptions, notes=notes)
+    incident.log_lines = _log_excerpt(context)
+    if root is not None:
+        incident.rank, incident.worker = root.rank, root.worker
+    _read_deaths(incident, context, exceptions)
+    if root is None and incident.signal is None and any(_NAN_LINE.search(line.text) for line in context):
+        incident.kind = "nan"
+    return incident
+
+
+def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
+    """Error lines with no traceback (`RuntimeError: CUDA out of memory...` alone in a log)."""
+    found: list[ExceptionInfo] = []
+    for index, line in enumerate(context):
+        text = line.text
+        if not ("Error" in text or "Exception" in text or "Interrupt" in text or "Exit" in text or "Failure" in text):
+            continue
+        match = _BARE_ERROR_LINE.match(text)
+        if not match:
+            continue
+        message = [match.group("msg") or ""]
+        for follow in context[index + 1 : index + 40]:
+            if not follow.text.strip() or follow.record_start or follow.number != line.number + len(message):
+                break
+            message.append(follow.text)
+        found.append(ExceptionInfo(match.group("type"), "\n".join(message).strip(), [], rank=line.rank, line_no=line.number))
+        if len(found) >= MAX_EXCEPTIONS:
+            break
+    return found
+
+
+def _log_excerpt(context: list[LogLine]) -> list[str]:
+    """The lines worth matching against: notable ones from anywhere, and the tail."""
+    notable = [line for line in context if _NOTABLE.search(line.text)]
+    if len(notable) > LOG_LINES_NOTABLE:
+        half = LOG_LINES_NOTABLE // 2
+        notable = notable[:half] + notable[-half:]
+    keep = {line.number: line for line in notable}
+    keep.update((line.number, line) for line in context[-LOG_LINES_TAIL:])
+    return [keep[number].text for number in sorted(keep) if keep[number].text.strip()]
+
+
+def _read_deaths(incident: Incident, context: list[LogLine], exceptions: list[ExceptionInfo]) -> None:
+    """Signal deaths and exit codes from torchrun summaries, shells and faulthandler."""
+    texts = [line.text for line in context] + [
+        text for e in exceptions if e.short_type == "ChildFailedError" for text in e.message.split("\n")
+    ]
+    for text in texts:
+        received = _SIGNAL_RECEIVED.search(text)
+        if received:
+            incident.signal = received.group("name")
+            incident.exit_code = -int(received.group("num"))
+        rank = _TORCHRUN_RANK.match(text)
+        if rank and incident.rank is None:
+            incident.rank = int(rank.group("rank"))
+        exit_code = _TORCHRUN_EXIT.match(text)
+        if exit_code and incident.exit_code is None:
+            incident.exit_code = int(exit_code.group("code"))
+        if incident.signal is None:
+            death = _FATAL_PYTHON.search(text) or (_SHELL_DEATH.search(text) if len(text) < 300 else None)
+            if death:
+                name, number = _SIGNALS[death.group("what")]
+                incident.signal = name
+                incident.exit_code = incident.exit_code if incident.exit_code is not None else 128 + number
+    root = incident.exception
+    if incident.signal and (root is None or root.short_type == "ChildFailedError"):
+        incident.kind = "hard-crash"

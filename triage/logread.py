@@ -1,0 +1,221 @@
+"""Read a pasted log (file or stream) into text, with bounded memory and time.
+
+Small logs are read whole. A large log is scanned in chunks with `bytes.find`
+(C speed) for anchors such as `Traceback`; only windows around the first and
+last anchors and the tail of the log are kept, so a 1 GB training log costs
+a few megabytes of memory and one pass at memchr speed.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import stat
+import tempfile
+from collections import deque
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+SMALL_LOG_BYTES = 8 * 1024 * 1024
+CHUNK_BYTES = 8 * 1024 * 1024
+WINDOW_BEFORE = 64 * 1024
+WINDOW_AFTER = 256 * 1024
+TAIL_BYTES = 1024 * 1024
+HITS_PER_ANCHOR = 8  # the first and the last this many, per anchor
+
+# What a failure looks like from far away; windows are kept around these.
+ANCHORS = (
+    b"Traceback (most recent call last)",
+    b"Error: ",
+    b"error: ",
+    b"Assertion",
+    b"Exception",
+    b"Signal ",
+)
+
+
+class LogReadError(Exception):
+    """Raised when the input cannot be read as a log; the message is one line for the user."""
+
+
+@dataclass
+class LogText:
+    """The text kept from a log: one segment when read whole, several when windowed."""
+
+    segments: list[str]
+    size: int
+    name: str
+    encoding: str = "utf-8"
+    windowed: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.segments)
+
+
+def read_log(path: str | None) -> LogText:
+    """Read a log from `path`, or from standard input when `path` is None or '-'."""
+    if path in (None, "-"):
+        return _read_stream(_stdin_binary(), "<stdin>")
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise LogReadError(f"{path}: no such file") from None
+    except PermissionError:
+        raise LogReadError(f"{path}: permission denied") from None
+    except OSError as exc:
+        raise LogReadError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise LogReadError(f"{path}: is a directory; give a log file, or '-' for standard input")
+    try:
+        with open(path, "rb") as handle:
+            if stat.S_ISREG(info.st_mode):
+                return _read_seekable(handle, info.st_size, path)
+            return _read_stream(handle, path)
+    except PermissionError:
+        raise LogReadError(f"{path}: permission denied") from None
+    except IsADirectoryError:
+        raise LogReadError(f"{path}: is a directory; give a log file, or '-' for standard input") from None
+    except OSError as exc:
+        raise LogReadError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _stdin_binary() -> BinaryIO:
+    import sys
+
+    if sys.stdin is None:
+        raise LogReadError("no standard input to read; give a log file")
+    return getattr(sys.stdin, "buffer", sys.stdin)
+
+
+def _read_stream(stream: BinaryIO, name: str) -> LogText:
+    """Read a non-seekable stream; past the small-log size, spool it to a temporary file."""
+    head = bytearray()
+    while len(head) <= SMALL_LOG_BYTES:
+        chunk = stream.read(CHUNK_BYTES)
+        if not chunk:
+            return _decode_whole(bytes(head), name)
+        head += chunk
+    with tempfile.TemporaryFile() as spool:
+        spool.write(head)
+        size = len(head)
+        del head
+        while chunk := stream.read(CHUNK_BYTES):
+            spool.write(chunk)
+            size += len(chunk)
+        spool.seek(0)
+        return _read_seekable(spool, size, name)
+
+
+def _read_seekable(handle: BinaryIO, size: int, name: str) -> LogText:
+    if size <= SMALL_LOG_BYTES:
+        return _decode_whole(handle.read(), name)
+    sample = handle.read(64 * 1024)
+    encoding = _sniff_encoding(sample, name)
+    if encoding != "utf-8":
+        # Windowing works on bytes; a wide encoding this large is rare enough to refuse plainly.
+        raise LogReadError(f"{name}: {encoding} log larger than {SMALL_LOG_BYTES >> 20} MB; convert it to UTF-8 first")
+    handle.seek(0)
+    windows = _anchor_windows(handle, size)
+    segments = []
+    for start, end in windows:
+        handle.seek(start)
+        segments.append(_decode(handle.read(end - start), "utf-8", trim_start=start > 0))
+    kept = sum(end - start for start, end in windows)
+    note = f"log is {size / 2**20:.0f} MB; read {kept / 2**20:.1f} MB around {len(windows)} failure marker(s) and its tail"
+    return LogText(segments=segments, size=size, name=name, windowed=True, notes=[note])
+
+
+def _anchor_windows(handle: BinaryIO, size: int) -> list[tuple[int, int]]:
+    """Offsets of the byte ranges worth parsing: around the first/last anchors, plus the tail."""
+    overlap = max(len(a) for a in ANCHORS) - 1
+    first: dict[bytes, list[int]] = {a: [] for a in ANCHORS}
+    last: dict[bytes, deque[int]] = {a: deque(maxlen=HITS_PER_ANCHOR) for a in ANCHORS}
+    offset = 0
+    carry = b""
+    while chunk := handle.read(CHUNK_BYTES):
+        buf = carry + chunk
+        base = offset - len(carry)
+        for anchor in ANCHORS:
+            _collect_hits(buf, base, anchor, first[anchor], last[anchor])
+        offset += len(chunk)
+        carry = buf[-overlap:]
+    ranges = [(max(0, size - TAIL_BYTES), size)]
+    for anchor in ANCHORS:
+        for hit in {*first[anchor], *last[anchor]}:
+            ranges.append((max(0, hit - WINDOW_BEFORE), min(size, hit + WINDOW_AFTER)))
+    ranges.sort()
+    merged: list[tuple[int, int]] = []
+    for start, end in ranges:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _collect_hits(buf: bytes, base: int, anchor: bytes, first: list[int], last: deque[int]) -> None:
+    """Record the first hits overall and the last hits of this buffer, with O(k) finds per buffer."""
+    position = 0
+    while len(first) < HITS_PER_ANCHOR:
+        found = buf.find(anchor, position)
+        if found < 0:
+            return
+        if base + found not in first:
+            first.append(base + found)
+        position = found + 1
+    tail_hits = []
+    end = len(buf)
+    while len(tail_hits) < HITS_PER_ANCHOR:
+        found = buf.rfind(anchor, 0, end)
+        if found < 0:
+            break
+        tail_hits.append(base + found)
+        end = found + len(anchor) - 1
+    for hit in reversed(tail_hits):
+        if not last or hit > last[-1]:
+            last.append(hit)
+
+
+def _sniff_encoding(sample: bytes, name: str) -> str:
+    if sample.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return "utf-16"
+    if sample.startswith(codecs.BOM_UTF8):
+        return "utf-8-sig"
+    if len(sample) >= 16:
+        odd_nuls = sample[1::2].count(0)
+        even_nuls = sample[0::2].count(0)
+        half = len(sample) // 2
+        if odd_nuls > 0.4 * half and even_nuls < 0.05 * half:
+            return "utf-16-le"
+        if even_nuls > 0.4 * half and odd_nuls < 0.05 * half:
+            return "utf-16-be"
+    if _looks_binary(sample):
+        raise LogReadError(f"{name}: looks like binary data, not a text log")
+    return "utf-8"
+
+
+def _looks_binary(sample: bytes) -> bool:
+    """Mostly control bytes (NULs aside, which crashed writers leave in real logs)."""
+    body = sample.replace(b"\x00", b"")
+    if not body:
+        return bool(sample)
+    control = sum(1 for byte in body[:8192] if byte < 9 or 13 < byte < 32 and byte != 27)
+    return control > 0.1 * min(len(body), 8192)
+
+
+def _decode_whole(data: bytes, name: str) -> LogText:
+    encoding = _sniff_encoding(data[:64 * 1024], name)
+    return LogText(segments=[_decode(data, encoding)], size=len(data), name=name, encoding=encoding)
+
+
+def _decode(data: bytes, encoding: str, trim_start: bool = False) -> str:
+    text = data.decode(encoding, errors="replace")
+    if "\x00" in text:
+        text = text.replace("\x00", "")
+    if trim_start:
+        # A window starts mid-line; drop the partial first line.
+        newline = text.find("\n")
+        text = text[newline + 1:] if newline >= 0 else text
+    return text
