@@ -1,0 +1,41 @@
+"""What a probe is given: the incident, and the live objects around the failure when there are any."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..incident import Incident
+
+
+@dataclass
+class ProbeContext:
+    """The incident plus live references (all optional: a pasted log has none).
+
+    `module` is the innermost nn.Module whose forward was running when the
+    exception was raised, with the arguments it was called with; `batch` is the
+    last batch the DataLoader yielded (CPU). Probes must not mutate any of these.
+    """
+
+    incident: Incident
+    report_dir: Path | None = None
+    exception: BaseException | None = None
+    model: Any = None
+    module: Any = None
+    module_name: str | None = None
+    module_args: tuple = ()
+    module_kwargs: dict[str, Any] = field(default_factory=dict)
+    batch: Any = None
+    batch_index: int | None = None
+    step: int | None = None
+    loader: Any = None
+    optimizer: Any = None
+    loss_fn: Any = None
+    script: str | None = None
+    script_args: list[str] = field(default_factory=list)
+    time_limit_s: float = 60.0
+
+    @property
+    def live(self) -> bool:
+        return self.exception is not None or self.model is not None or self.batch is not None

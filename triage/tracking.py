@@ -1,0 +1,59 @@
+"""What a live run is doing right now: step, last batch, model, optimizer. Filled by hooks, read at a crash.
+
+The runner's automatic hooks and the training-loop wrapper both feed one
+Tracker; capture and probes read it. It holds references only (never copies
+a tensor), so keeping the last batch costs nothing per step, and the CPU batch
+a DataLoader yielded survives a poisoned CUDA context.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass
+class Tracker:
+    """References to the live training objects, and counters of progress."""
+
+    model: Any = None
+    optimizer: Any = None
+    loss_fn: Any = None
+    loader: Any = None
+    batch: Any = None
+    batch_index: int | None = None
+    batches_seen: int = 0
+    steps: int = 0
+    last_loss: Any = None
+    last_progress: float = field(default_factory=time.monotonic)
+    listeners: list[Callable[[str, int], None]] = field(default_factory=list)
+
+    def on_batch(self, batch: Any, loader: Any = None) -> None:
+        """A DataLoader yielded `batch` (held by reference)."""
+        self.batch = batch
+        self.batch_index = self.batches_seen
+        self.batches_seen += 1
+        if loader is not None:
+            self.loader = loader
+        self._progress("batch", self.batches_seen)
+
+    def on_step(self, optimizer: Any = None) -> None:
+        """An optimizer step finished."""
+        self.steps += 1
+        if optimizer is not None and self.optimizer is None:
+            self.optimizer = optimizer
+        self._progress("step", self.steps)
+
+    def _progress(self, what: str, count: int) -> None:
+        self.last_progress = time.monotonic()
+        for listener in self.listeners:
+            listener(what, count)
+
+    def reset(self) -> None:
+        listeners = self.listeners
+        self.__init__()
+        self.listeners = listeners
+
+
+TRACKER = Tracker()
