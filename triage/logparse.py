@@ -205,13 +205,15 @@ class _TracebackScanner:
 
         match = _EXCEPTION_LINE.match(lines[i].text)
         exc_type = match.group("type")
+        # Where every line carries a timestamp, a new record does not end the message.
+        every_line_stamped = lines[i].record_start
         message_lines = [match.group("msg") or ""]
         i += 1
         size = len(message_lines[0])
         while i < len(lines) and len(message_lines) < MAX_MESSAGE_LINES and size < MAX_MESSAGE_CHARS:
             line = lines[i]
             text = line.text
-            if not text.strip() or line.record_start:
+            if not text.strip() or (line.record_start and not every_line_stamped):
                 break
             if "Traceback" in text and not text.lstrip().startswith("Original") and _TRACEBACK_HEAD.match(text):
                 break
