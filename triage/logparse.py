@@ -32,7 +32,7 @@ _CAUSE = "The above exception was the direct cause of the following exception"
 _CONTEXT = "During handling of the above exception, another exception occurred"
 
 _FRAME = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+)(?:, in (?P<func>.+?))?\s*$')
-_IPY_CELL = re.compile(r"\s*Cell In ?\[(?P<cell>\d+)\], line (?P<line>\d+)")
+_IPY_CELL = re.compile(r"\s*Cell In ?\[(?P<cell>\d+)\], line (?P<line>\d+)(?:, in (?P<func>[^(\s]+))?")
 _IPY_INPUT = re.compile(r"\s*Input In ?\[(?P<cell>\d+)\], in (?P<func>.+?)(?:\(\))?\s*$")
 _IPY_FILE = re.compile(r"\s*File (?P<file>[^\"\s].*?):(?P<line>\d+), in (?P<func>[^(\s]+)")
 _IPY_OLD = re.compile(r"(?P<file><ipython-input-[^>]+>|[~/.][^\s]*|[A-Za-z]:\\\S*) in (?P<func>[\w.<>]+)(?:\(.*\))?\s*$")
@@ -266,7 +266,8 @@ def _frame(file: str, line: str | None, function: str) -> Frame:
 def _ipython_frame(text: str) -> Frame | None:
     match = _IPY_CELL.match(text)
     if match:
-        return Frame(f"Cell In[{match.group('cell')}]", int(match.group("line")), "<cell>", user=True)
+        function = match.group("func") or "<cell>"
+        return Frame(f"Cell In[{match.group('cell')}]", int(match.group("line")), function, user=True)
     match = _IPY_INPUT.match(text)
     if match:
         return Frame(f"Input In [{match.group('cell')}]", None, match.group("func"), user=True)

@@ -132,15 +132,23 @@ def _anchor_windows(handle: BinaryIO, size: int) -> list[tuple[int, int]]:
     overlap = max(len(a) for a in ANCHORS) - 1
     first: dict[bytes, list[int]] = {a: [] for a in ANCHORS}
     last: dict[bytes, deque[int]] = {a: deque(maxlen=HITS_PER_ANCHOR) for a in ANCHORS}
+    # One buffer for the whole scan: the previous chunk's last bytes, then the next chunk read in place.
+    buffer = bytearray(overlap + CHUNK_BYTES)
+    view = memoryview(buffer)
+    kept = 0
     offset = 0
-    carry = b""
-    while chunk := handle.read(CHUNK_BYTES):
-        buf = carry + chunk
-        base = offset - len(carry)
+    while True:
+        read = handle.readinto(view[kept:])
+        if not read:
+            break
+        filled = kept + read
+        data = view[:filled]
         for anchor in ANCHORS:
-            _collect_hits(buf, base, anchor, first[anchor], last[anchor])
-        offset += len(chunk)
-        carry = buf[-overlap:]
+            _collect_hits(buffer, filled, offset - kept, anchor, first[anchor], last[anchor])
+        offset += read
+        kept = min(overlap, filled)
+        buffer[:kept] = data[filled - kept : filled]
+        del data
     ranges = [(max(0, size - TAIL_BYTES), size)]
     for anchor in ANCHORS:
         for hit in {*first[anchor], *last[anchor]}:
@@ -155,18 +163,17 @@ def _anchor_windows(handle: BinaryIO, size: int) -> list[tuple[int, int]]:
     return merged
 
 
-def _collect_hits(buf: bytes, base: int, anchor: bytes, first: list[int], last: deque[int]) -> None:
-    """Record the first hits overall and the last hits of this buffer, with O(k) finds per buffer."""
+def _collect_hits(buf: bytearray, end: int, base: int, anchor: bytes, first: list[int], last: deque[int]) -> None:
+    """Record the first hits overall and the last hits of buf[:end], with O(k) finds per buffer."""
     position = 0
     while len(first) < HITS_PER_ANCHOR:
-        found = buf.find(anchor, position)
+        found = buf.find(anchor, position, end)
         if found < 0:
             return
         if base + found not in first:
             first.append(base + found)
         position = found + 1
     tail_hits = []
-    end = len(buf)
     while len(tail_hits) < HITS_PER_ANCHOR:
         found = buf.rfind(anchor, 0, end)
         if found < 0:
