@@ -69,9 +69,13 @@ _SIGNALS = {
     "Illegal instruction": ("SIGILL", 4),
 }
 _NAN_LINE = re.compile(r"(?i)\b(?:loss|grad(?:ient)?s?(?: norm)?)\b[^\n]{0,40}?[=:]\s*[-+]?(?:nan|inf)\b|\bnan\b[^\n]{0,30}\b(?:loss|detected|encountered)\b")
-_NOTABLE = re.compile(
-    r"(?i)error|assert|\bnan\b|\binf\b|killed|signal|nccl|warn|exception|timeout|timed out|fail|out of memory|segmentation|bus error|abort"
-)
+# Words that make a line worth keeping from anywhere in a log; plain substring tests on the
+# lower-cased line, which are far cheaper than a case-insensitive alternation.
+_NOTABLE_WORDS = (
+    "error", "assert", "nan", "inf", "killed", "signal", "nccl", "warn", "exception", "timeout",
+    "timed out", "fail", "out of memory", "segmentation", "abort",
+)  # fmt: skip
+_DEATH_WORDS = ("Signal ", "exitcode", "rank", "Killed", "fault", "Bus error", "Aborted", "exception", "instruction")
 
 
 @dataclass
@@ -324,7 +328,7 @@ def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
 
 def _log_excerpt(context: list[LogLine]) -> list[str]:
     """The lines worth matching against: notable ones from anywhere, and the tail."""
-    notable = [line for line in context if _NOTABLE.search(line.text)]
+    notable = [line for line in context if _is_notable(line.text)]
     if len(notable) > LOG_LINES_NOTABLE:
         half = LOG_LINES_NOTABLE // 2
         notable = notable[:half] + notable[-half:]
@@ -333,12 +337,19 @@ def _log_excerpt(context: list[LogLine]) -> list[str]:
     return [keep[number].text for number in sorted(keep) if keep[number].text.strip()]
 
 
+def _is_notable(text: str) -> bool:
+    lower = text.lower()
+    return any(word in lower for word in _NOTABLE_WORDS)
+
+
 def _read_deaths(incident: Incident, context: list[LogLine], exceptions: list[ExceptionInfo]) -> None:
     """Signal deaths and exit codes from torchrun summaries, shells and faulthandler."""
     texts = [line.text for line in context] + [
         text for e in exceptions if e.short_type == "ChildFailedError" for text in e.message.split("\n")
     ]
     for text in texts:
+        if not any(word in text for word in _DEATH_WORDS):
+            continue
         received = _SIGNAL_RECEIVED.search(text)
         if received:
             incident.signal = received.group("name")
