@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .rule import Problem, Rule, build_rule
-from .yamlpos import LocatedList, Position, YamlError, load_located
+from .yamlpos import MAX_RULE_FILE_BYTES, LocatedList, Position, YamlError, load_located
 
 RULE_SUFFIXES = (".yaml", ".yml")
 
@@ -43,6 +43,10 @@ def load_rule_file(path: Path, display: str | None = None) -> tuple[list[Rule], 
     """Load one YAML file holding a list of rules."""
     shown = display or str(path)
     try:
+        size = path.stat().st_size
+        if size > MAX_RULE_FILE_BYTES:  # refused before reading it into memory
+            return [], [Problem(shown, 1, 1, f"file is {size / 2**20:.1f} MB, over the {MAX_RULE_FILE_BYTES >> 20} MB "
+                                             "limit for a rule file; refused", "split it into one file per family")]
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         return [], [Problem(shown, 1, 1, "not UTF-8 text")]
