@@ -142,6 +142,7 @@ class _Builder:
         self.probes = frozenset(PROBES) | frozenset(registered_probes() if probes is None else probes)
         self.lines = source_lines or []
         self.problems: list[Problem] = []
+        self.broken_patterns = 0
 
     def problem(self, position: Position | None, message: str, hint: str = "") -> None:
         position = position or self.data.position
@@ -191,7 +192,8 @@ class _Builder:
     def text(self, mapping: Any, key: str, required: bool) -> str:
         value = mapping.get(key) if isinstance(mapping, dict) else None
         if value is None:
-            if required:
+            misspelt = isinstance(mapping, dict) and difflib.get_close_matches(key, [str(k) for k in mapping], n=1)
+            if required and not misspelt:  # a misspelt key is reported once, as unknown, with did-you-mean
                 self.problem(getattr(mapping, "position", None), f"missing required key '{key}'")
             return ""
         if not isinstance(value, str) or not value.strip():
@@ -222,6 +224,7 @@ class _Builder:
                 pattern.line, pattern.col = (position.line, position.col) if position else (0, 0)
                 compiled.append(pattern)
             except regex.error as exc:
+                self.broken_patterns += 1
                 offset = getattr(exc, "pos", None)
                 where = f" at position {offset}" if offset is not None else ""
                 self.problem(self.pattern_error_pos(position, source, offset),
@@ -321,7 +324,7 @@ class _Builder:
                         rule.frame["user"] = frame["user"]
                     else:
                         self.problem(self.value_pos(frame, "user"), "'user' must be true or false")
-        if not (rule.exception_types or rule.messages or rule.logs or rule.frame or rule.kinds):
+        if not (rule.exception_types or rule.messages or rule.logs or rule.frame or rule.kinds or self.broken_patterns):
             self.problem(self.value_pos(self.data, "match"), "'match' has no condition that can match",
                          "give exception, message, log, frame or kind")
 
