@@ -35,6 +35,9 @@ def diagnose(incident: Incident, kb: KnowledgeBase, warnings: list[str] | None =
                     layers[rule.id] = rule.layer
         except PatternTimeout as exc:
             warnings.append(f"rule {rule.id} ({rule.location}): {exc}")
+        except templates.TemplateRefused as exc:
+            best.pop(rule.id, None)
+            warnings.append(f"rule {rule.id} ({rule.location}) skipped: {exc}")
         except Exception as exc:  # a rule must never take explain down with it
             if os.environ.get("TRIAGE_DEBUG"):
                 raise
@@ -153,6 +156,8 @@ def _diagnosis(
     for name, source in rule.template_fields().items():
         try:
             rendered[name] = templates.render(source, context)
+        except templates.TemplateRefused:
+            raise  # the whole diagnosis is refused, not shown with a raw template
         except templates.TemplateError as exc_:
             warnings.append(f"rule {rule.id} ({rule.location}): {name}: {exc_}")
             rendered[name] = source.strip()

@@ -47,6 +47,10 @@ class TemplateError(Exception):
     """Raised when a template cannot be compiled or rendered; the message says why."""
 
 
+class TemplateRefused(TemplateError):
+    """Raised when the sandbox refuses what a template does (internals, unbounded output)."""
+
+
 def _basename(path: Any) -> str:
     return re.split(r"[\\/]", str(path))[-1] if path else ""
 
@@ -145,7 +149,7 @@ def render(source: str, values: dict[str, Any]) -> str:
     except UndefinedError as exc:
         raise TemplateError(f"template uses an undefined value: {exc.message}") from None
     except SecurityError as exc:
-        raise TemplateError(f"template refused by the sandbox: {exc}") from None
+        raise TemplateRefused(f"template refused by the sandbox: {exc}") from None
     except TemplateError:
         raise
     except Exception as exc:  # a filter given a bad value, a division by zero
@@ -161,7 +165,7 @@ def _bounded_render(template: Any, values: dict[str, Any]) -> str:
         parts.append(chunk)
         size += len(chunk)
         if size > MAX_OUTPUT_CHARS:
-            raise TemplateError(f"template output is over {MAX_OUTPUT_CHARS} characters; refused")
+            raise TemplateRefused(f"template output is over {MAX_OUTPUT_CHARS} characters; refused")
         if time.monotonic() - started > MAX_RENDER_S:
-            raise TemplateError(f"template took over {MAX_RENDER_S}s to render; refused")
+            raise TemplateRefused(f"template took over {MAX_RENDER_S}s to render; refused")
     return "".join(parts)
