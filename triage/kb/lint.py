@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .loader import KnowledgeBase
 from .rule import Problem, Rule
-from .safe_regex import SEARCH_TIMEOUT_S, worst_case
+from .safe_regex import SEARCH_TIMEOUT_S, SafePattern, worst_case
 from .selftest import test_rules
 
 
@@ -26,8 +26,9 @@ def lint(kb: KnowledgeBase, rules: list[Rule] | None = None, problems: list[Prob
     found += [Problem(f.path, f.line, f.col, f"example for {f.rule}: {f.message}", _example_hint(f.message))
               for f in failures]  # fmt: skip
     for rule in rules:
+        frame_patterns = [(f"frame.{key}", [p]) for key, p in rule.frame.items() if isinstance(p, SafePattern)]
         for key, patterns in (("message", rule.messages), ("not_message", rule.not_messages),
-                              ("log", rule.logs), ("not_log", rule.not_logs)):  # fmt: skip
+                              ("log", rule.logs), ("not_log", rule.not_logs), *frame_patterns):  # fmt: skip
             for pattern in patterns:
                 slow = worst_case(pattern)
                 if slow:
