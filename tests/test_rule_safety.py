@@ -302,3 +302,21 @@ def test_an_internal_error_in_one_rule_is_a_warning(monkeypatch):
     monkeypatch.setenv("TRIAGE_DEBUG", "1")  # under debugging the same failure is loud
     with pytest.raises(ValueError):
         diagnose(parse_text(VIEW_LOG), kb)
+
+
+def test_a_bug_while_reading_team_layers_keeps_the_built_in_rules(monkeypatch, tmp_path):
+    from triage.kb import searchpath
+
+    def broken(*args, **kwargs):
+        raise OSError("simulated: unreadable folder")
+
+    monkeypatch.delenv("TRIAGE_DEBUG", raising=False)
+    (tmp_path / ".triage" / "rules").mkdir(parents=True)
+    monkeypatch.setattr(searchpath, "read_config", broken)
+    kb = load_knowledge_base(env={}, cwd=tmp_path)
+    assert kb.get("shape.view-invalid") is not None
+    [problem] = kb.problems
+    assert problem.path.endswith("triage.yaml") and "simulated: unreadable folder" in problem.message
+    monkeypatch.setattr(searchpath, "search_path", broken)
+    kb = load_knowledge_base(env={}, cwd=tmp_path)
+    assert kb.get("shape.view-invalid") is not None and "built-in rules only" in kb.problems[0].message

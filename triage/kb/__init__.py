@@ -30,10 +30,19 @@ def load_knowledge_base(
     rules and register custom probes, which are then known to this process by name.
     Never raises for a bad rule file: its problems are in `kb.problems`.
     """
+    import os
+
     from ..probes import register_probe
     from .searchpath import search_path
 
-    kb = load_layers(search_path([Path(p) for p in extra or ()], cwd=cwd, env=env, builtin=builtin))
+    try:
+        kb = load_layers(search_path([Path(p) for p in extra or ()], cwd=cwd, env=env, builtin=builtin))
+    except Exception as exc:  # never lose the built-in rules to a bug in reading the team's layers
+        if os.environ.get("TRIAGE_DEBUG"):
+            raise
+        kb = load_builtin() if builtin else KnowledgeBase()
+        kb.problems.append(Problem("<rule search path>", 1, 1, f"internal error while loading team rules "
+                                   f"({type(exc).__name__}: {exc}); using the built-in rules only"))
     for probe in kb.probes.values():
         register_probe(probe)
     return kb

@@ -168,8 +168,9 @@ def load_layers(layers: list) -> KnowledgeBase:
     kb = KnowledgeBase()
     configs = {}
     for layer in layers:
-        if layer.path.is_dir():
-            config = read_config(layer.path, display_path(layer.path / CONFIG_NAME))
+        if layer.origin != "built-in" and layer.path.is_dir():
+            shown = display_path(layer.path / CONFIG_NAME)
+            config = _contained(lambda: read_config(layer.path, shown), shown, None, kb.problems)
             if config is not None:
                 configs[layer] = config
                 kb.problems.extend(config.problems)
@@ -181,7 +182,8 @@ def load_layers(layers: list) -> KnowledgeBase:
             if layer.required:
                 kb.problems.append(Problem(display_path(layer.path), 1, 1, f"no such rule file or folder (from {layer.origin})"))
             continue
-        loaded = load_paths([layer.path], origin=layer.origin, probes=probe_names)
+        loaded = _contained(lambda: load_paths([layer.path], origin=layer.origin, probes=probe_names),
+                            display_path(layer.path), KnowledgeBase(), kb.problems)
         kb.problems.extend(loaded.problems)
         for rule in loaded.rules:
             rule.layer = index
@@ -204,6 +206,18 @@ def load_layers(layers: list) -> KnowledgeBase:
                                            f"did you mean '{close[0]}'?" if close else "see `triage rules list`"))
     kb.rules = list(in_force.values())
     return kb
+
+
+def _contained(load, shown: str, fallback, problems: list[Problem]):
+    """Run one loading step; a bug of ours on a strange folder costs that folder, not the run."""
+    try:
+        return load()
+    except Exception as exc:
+        if os.environ.get("TRIAGE_DEBUG"):
+            raise
+        problems.append(Problem(shown, 1, 1, f"internal error while loading ({type(exc).__name__}: {exc}); skipped",
+                                "set TRIAGE_DEBUG=1 for a traceback, and please report it"))
+        return fallback
 
 
 def _pop_alias(in_force: dict[str, Rule], rule_id: str) -> Rule | None:
