@@ -153,7 +153,8 @@ def test_explain_leaves_out_a_disabled_rule(project, env, tmp_path):
 
 def test_explain_rules_option_is_the_last_layer(project, env, tmp_path):
     extra = tmp_path / "extra.yaml"
-    extra.write_text(FLASH_ATTN_RULE.replace("confidence: 0.93", "confidence: 0.5").replace("title: flash-attn", "title: EXTRA flash-attn"))
+    text = FLASH_ATTN_RULE.replace("confidence: 0.93", "confidence: 0.5")
+    extra.write_text(text.replace("title: flash-attn", "title: EXTRA flash-attn"))
     report = explain_json(project / "flash.log", project, env, "--rules", str(extra))
     assert report["diagnoses"][0]["title"].startswith("EXTRA")
 
@@ -193,7 +194,8 @@ def test_search_path_order_and_last_same_id_wins(tmp_path, env):
     option = folder("option")
     env = {**env, "TRIAGE_RULES": f"{first_env}{os.pathsep}{second_env}"}
     layers = search_path([option], cwd=project, env=env)
-    assert [layer.origin for layer in layers] == ["built-in", "user", "project", "TRIAGE_RULES", "TRIAGE_RULES", "--rules"]
+    origins = [layer.origin for layer in layers]
+    assert origins == ["built-in", "user", "project", "TRIAGE_RULES", "TRIAGE_RULES", "--rules"]
     assert layers[1].path == user
     kb = load_knowledge_base([option], cwd=project, env=env)
     assert kb.get("team.flash-attn-fp32").title.startswith("OPTION")
@@ -485,9 +487,11 @@ def test_a_probe_named_in_triage_yaml_validates_and_loads_only_when_run(tmp_path
 
     unregistered = load_knowledge_base([rules], cwd=tmp_path, env=env)
     [problem] = unregistered.problems
-    assert (Path(problem.path).name, problem.line, problem.message) == ("team.yaml", 15, "unknown probe 'flash_attn_dtypes'")
+    found = (Path(problem.path).name, problem.line, problem.message)
+    assert found == ("team.yaml", 15, "unknown probe 'flash_attn_dtypes'")
 
-    (rules / "triage.yaml").write_text("probes:\n  flash_attn_dtypes: team_probes_dtypes:check\npython_path: [../tools]\n")
+    config = "probes:\n  flash_attn_dtypes: team_probes_dtypes:check\npython_path: [../tools]\n"
+    (rules / "triage.yaml").write_text(config)
     kb = load_knowledge_base([rules], cwd=tmp_path, env=env)
     assert not kb.problems and kb.get("team.flash-attn-fp32").probes == ["flash_attn_dtypes"]
     assert "team_probes_dtypes" not in sys.modules  # registering imports nothing
@@ -538,7 +542,8 @@ def test_code_named_in_a_rule_yaml_is_never_imported(tmp_path, env):
     rules.mkdir()
     marker = tmp_path / "imported"
     (tmp_path / "evil_probe.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef run(context): pass\n")
-    (rules / "team.yaml").write_text(FLASH_ATTN_RULE.replace("  examples:", "  probes: ['evil_probe:run']\n  examples:"))
+    rule = FLASH_ATTN_RULE.replace("  examples:", "  probes: ['evil_probe:run']\n  examples:")
+    (rules / "team.yaml").write_text(rule)
     env = {**env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"}
     done = triage("rules", "lint", str(rules), cwd=tmp_path, env=env)
     assert done.returncode == 1 and "unknown probe 'evil_probe:run'" in done.stdout

@@ -95,7 +95,8 @@ def _list(args: argparse.Namespace) -> int:
         print("\ncustom probes:")
         for probe in kb.probes.values():
             print(f"  {probe.name}  {probe.target}  ({probe.origin})")
-    print(f"{len(kb.rules)} rules in force, {len(kb.overridden)} overridden, {len(kb.disabled)} disabled", file=sys.stderr)
+    summary = f"{len(kb.rules)} rules in force, {len(kb.overridden)} overridden, {len(kb.disabled)} disabled"
+    print(summary, file=sys.stderr)
     _warn(kb.problems)
     return EXIT_OK
 

@@ -96,7 +96,8 @@ def load_rule_file(
     except Exception as exc:  # a bug of ours on a strange file: skip the file, keep the rest working
         if os.environ.get("TRIAGE_DEBUG"):
             raise
-        return [], [Problem(shown, 1, 1, f"internal error while loading this file ({type(exc).__name__}: {exc}); skipped",
+        message = f"internal error while loading this file ({type(exc).__name__}: {exc}); skipped"
+        return [], [Problem(shown, 1, 1, message,
                             "set TRIAGE_DEBUG=1 for a traceback, and please report it")]
 
 
@@ -180,7 +181,8 @@ def load_layers(layers: list) -> KnowledgeBase:
     for index, layer in enumerate(layers):
         if not layer.path.exists():
             if layer.required:
-                kb.problems.append(Problem(display_path(layer.path), 1, 1, f"no such rule file or folder (from {layer.origin})"))
+                kb.problems.append(Problem(display_path(layer.path), 1, 1,
+                                           f"no such rule file or folder (from {layer.origin})"))
             continue
         loaded = _contained(lambda: load_paths([layer.path], origin=layer.origin, probes=probe_names),
                             display_path(layer.path), KnowledgeBase(), kb.problems)
@@ -192,7 +194,8 @@ def load_layers(layers: list) -> KnowledgeBase:
                 kb.overridden.append(Override(previous, rule))
             in_force[rule.id] = rule  # a replaced key keeps its place in the dict's order
         config = configs.get(layer)
-        kb.layers.append(LayerInfo(layer.origin, display_path(layer.path), len(loaded.rules), config.path if config else None))
+        config_path = config.path if config else None
+        kb.layers.append(LayerInfo(layer.origin, display_path(layer.path), len(loaded.rules), config_path))
     for layer, config in configs.items():
         for rule_id, position in config.disable:
             rule = in_force.pop(rule_id, None) or _pop_alias(in_force, rule_id)

@@ -324,7 +324,9 @@ class _Builder:
                         rule.frame["user"] = frame["user"]
                     else:
                         self.problem(self.value_pos(frame, "user"), "'user' must be true or false")
-        if not (rule.exception_types or rule.messages or rule.logs or rule.frame or rule.kinds or self.broken_patterns):
+        misspelt = any(key not in MATCH_KEYS for key in match)  # already reported, with a did-you-mean
+        if not (rule.exception_types or rule.messages or rule.logs or rule.frame or rule.kinds
+                or self.broken_patterns or misspelt):
             self.problem(self.value_pos(self.data, "match"), "'match' has no condition that can match",
                          "give exception, message, log, frame or kind")
 
@@ -349,7 +351,8 @@ class _Builder:
                 self.problem(start, f"'{key}': {exc}")
                 continue
             for reach in sorted(unsafe, key=lambda text: source.find(text)):
-                self.problem(self.locate(start, reach), f"'{key}' reaches for '{reach}', which the template sandbox refuses",
+                self.problem(self.locate(start, reach),
+                             f"'{key}' reaches for '{reach}', which the template sandbox refuses",
                              "templates may use only this rule's (?P<name>...) groups and: "
                              + ", ".join(sorted(templates.CONTEXT_NAMES)))
             for unknown in sorted(used - known - set(unsafe)):

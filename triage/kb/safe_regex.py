@@ -63,7 +63,8 @@ def worst_case(pattern: SafePattern, timeout: float = STRESS_TIMEOUT_S) -> str |
     pattern mentions, after its literal prefix, each followed by a character that breaks the match.
     """
     literal_prefix = _literal_prefix(pattern.source)
-    characters = [c for c in dict.fromkeys(pattern.source + _STRESS_DEFAULTS) if c.isprintable() and c not in _META][:24]
+    candidates = dict.fromkeys(pattern.source + _STRESS_DEFAULTS)
+    characters = [c for c in candidates if c.isprintable() and c not in _META][:24]
     for prefix in dict.fromkeys(["", literal_prefix]):
         for char in characters:
             for end in ("\x00", "\n"):

@@ -163,7 +163,8 @@ def _read_disable(data: LocatedDict, problem, config: LayerConfig) -> None:
         return
     for rule_id, position in zip(value, positions):
         if not isinstance(rule_id, str) or not ID_PATTERN.fullmatch(rule_id):
-            problem(position, f"'{rule_id}' is not a rule id", "rule ids look like family.finding, e.g. shape.view-invalid")
+            problem(position, f"'{rule_id}' is not a rule id",
+                    "rule ids look like family.finding, e.g. shape.view-invalid")
         else:
             config.disable.append((rule_id, position))
 
@@ -173,7 +174,10 @@ def _read_python_path(data: LocatedDict, folder: Path, problem) -> tuple[str, ..
     if value is None:
         return ()
     items = [value] if isinstance(value, str) else value
-    positions = [data.value_positions["python_path"]] if isinstance(value, str) else getattr(value, "item_positions", [])
+    if isinstance(value, str):
+        positions = [data.value_positions["python_path"]]
+    else:
+        positions = getattr(value, "item_positions", [])
     if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
         problem(data.value_positions["python_path"], "'python_path' must be a folder or a list of folders")
         return ()

@@ -41,8 +41,8 @@ def test_rules(kb: KnowledgeBase, rules: list[Rule] | None = None) -> tuple[int,
             except Exception as exc:
                 if os.environ.get("TRIAGE_DEBUG"):
                     raise
-                failures.append(ExampleFailure(rule.path, example.line, rule.id,
-                                               f"internal error running this example: {type(exc).__name__}: {exc}", example.col))
+                message = f"internal error running this example: {type(exc).__name__}: {exc}"
+                failures.append(ExampleFailure(rule.path, example.line, rule.id, message, example.col))
     return count, failures
 
 
@@ -52,7 +52,8 @@ def _check_no_match(rule: Rule, example: Example) -> list[ExampleFailure]:
         return []
     values = {k: v for k, v in found[0].items() if not k.startswith("_") and k != "log_match"}
     extracted = f", extracting {_show(values)}" if values else ""
-    return [ExampleFailure(rule.path, example.line, rule.id, f"no_match example matched the rule{extracted}", example.col)]
+    message = f"no_match example matched the rule{extracted}"
+    return [ExampleFailure(rule.path, example.line, rule.id, message, example.col)]
 
 
 def _check_match(rule: Rule, example: Example, kb: KnowledgeBase) -> list[ExampleFailure]:

@@ -72,7 +72,8 @@ class _RuleSandbox(ImmutableSandboxedEnvironment):
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "*":
             for seq, count in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(count, int) and len(seq) * count > MAX_REPEAT_ITEMS:
+                repeats = isinstance(seq, (str, list, tuple)) and isinstance(count, int)
+                if repeats and len(seq) * count > MAX_REPEAT_ITEMS:
                     raise SecurityError(f"repetition to more than {MAX_REPEAT_ITEMS} items refused")
             return left * right
         if operator == "**":

@@ -85,7 +85,8 @@ def _check_depth(text: str) -> None:
             depth += 1
             if depth > MAX_DEPTH:
                 mark = event.start_mark
-                raise YamlError(f"nested deeper than {MAX_DEPTH} levels; refused", Position(mark.line + 1, mark.column + 1))
+                position = Position(mark.line + 1, mark.column + 1)
+                raise YamlError(f"nested deeper than {MAX_DEPTH} levels; refused", position)
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             depth -= 1
 
