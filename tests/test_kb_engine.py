@@ -84,8 +84,8 @@ def test_duplicate_id_names_both_places(tmp_path):
     write(tmp_path, RULE, "b.yaml")
     kb = load_paths([tmp_path])
     [problem] = kb.problems
-    assert problem.message == "duplicate rule id 'team.widget-broke'"
-    assert "a.yaml:1" in problem.hint and problem.path.endswith("b.yaml")
+    assert problem.message.startswith("rule id 'team.widget-broke' is defined twice: here and at ")
+    assert problem.message.endswith("a.yaml:1") and problem.path.endswith("b.yaml")
 
 
 def test_yaml_syntax_error_has_a_position(tmp_path):
