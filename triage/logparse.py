@@ -32,7 +32,7 @@ _CAUSE = "The above exception was the direct cause of the following exception"
 _CONTEXT = "During handling of the above exception, another exception occurred"
 
 _FRAME = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+)(?:, in (?P<func>.+?))?\s*$')
-_IPY_CELL = re.compile(r"\s*Cell In ?\[(?P<cell>\d+)\], line (?P<line>\d+)")
+_IPY_CELL = re.compile(r"\s*Cell In ?\[(?P<cell>\d+)\], line (?P<line>\d+)(?:, in (?P<func>[^(\s]+))?")
 _IPY_INPUT = re.compile(r"\s*Input In ?\[(?P<cell>\d+)\], in (?P<func>.+?)(?:\(\))?\s*$")
 _IPY_FILE = re.compile(r"\s*File (?P<file>[^\"\s].*?):(?P<line>\d+), in (?P<func>[^(\s]+)")
 _IPY_OLD = re.compile(r"(?P<file><ipython-input-[^>]+>|[~/.][^\s]*|[A-Za-z]:\\\S*) in (?P<func>[\w.<>]+)(?:\(.*\))?\s*$")
@@ -69,9 +69,13 @@ _SIGNALS = {
     "Illegal instruction": ("SIGILL", 4),
 }
 _NAN_LINE = re.compile(r"(?i)\b(?:loss|grad(?:ient)?s?(?: norm)?)\b[^\n]{0,40}?[=:]\s*[-+]?(?:nan|inf)\b|\bnan\b[^\n]{0,30}\b(?:loss|detected|encountered)\b")
-_NOTABLE = re.compile(
-    r"(?i)error|assert|\bnan\b|\binf\b|killed|signal|nccl|warn|exception|timeout|timed out|fail|out of memory|segmentation|bus error|abort"
-)
+# Words that make a line worth keeping from anywhere in a log; plain substring tests on the
+# lower-cased line, which are far cheaper than a case-insensitive alternation.
+_NOTABLE_WORDS = (
+    "error", "assert", "nan", "inf", "killed", "signal", "nccl", "warn", "exception", "timeout",
+    "timed out", "fail", "out of memory", "segmentation", "abort",
+)  # fmt: skip
+_DEATH_WORDS = ("Signal ", "exitcode", "rank", "Killed", "fault", "Bus error", "Aborted", "exception", "instruction")
 
 
 @dataclass
@@ -205,13 +209,15 @@ class _TracebackScanner:
 
         match = _EXCEPTION_LINE.match(lines[i].text)
         exc_type = match.group("type")
+        # Where every line carries a timestamp, a new record does not end the message.
+        every_line_stamped = lines[i].record_start
         message_lines = [match.group("msg") or ""]
         i += 1
         size = len(message_lines[0])
         while i < len(lines) and len(message_lines) < MAX_MESSAGE_LINES and size < MAX_MESSAGE_CHARS:
             line = lines[i]
             text = line.text
-            if not text.strip() or line.record_start:
+            if not text.strip() or (line.record_start and not every_line_stamped):
                 break
             if "Traceback" in text and not text.lstrip().startswith("Original") and _TRACEBACK_HEAD.match(text):
                 break
@@ -264,7 +270,8 @@ def _frame(file: str, line: str | None, function: str) -> Frame:
 def _ipython_frame(text: str) -> Frame | None:
     match = _IPY_CELL.match(text)
     if match:
-        return Frame(f"Cell In[{match.group('cell')}]", int(match.group("line")), "<cell>", user=True)
+        function = match.group("func") or "<cell>"
+        return Frame(f"Cell In[{match.group('cell')}]", int(match.group("line")), function, user=True)
     match = _IPY_INPUT.match(text)
     if match:
         return Frame(f"Input In [{match.group('cell')}]", None, match.group("func"), user=True)
@@ -321,7 +328,7 @@ def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
 
 def _log_excerpt(context: list[LogLine]) -> list[str]:
     """The lines worth matching against: notable ones from anywhere, and the tail."""
-    notable = [line for line in context if _NOTABLE.search(line.text)]
+    notable = [line for line in context if _is_notable(line.text)]
     if len(notable) > LOG_LINES_NOTABLE:
         half = LOG_LINES_NOTABLE // 2
         notable = notable[:half] + notable[-half:]
@@ -330,12 +337,19 @@ def _log_excerpt(context: list[LogLine]) -> list[str]:
     return [keep[number].text for number in sorted(keep) if keep[number].text.strip()]
 
 
+def _is_notable(text: str) -> bool:
+    lower = text.lower()
+    return any(word in lower for word in _NOTABLE_WORDS)
+
+
 def _read_deaths(incident: Incident, context: list[LogLine], exceptions: list[ExceptionInfo]) -> None:
     """Signal deaths and exit codes from torchrun summaries, shells and faulthandler."""
     texts = [line.text for line in context] + [
         text for e in exceptions if e.short_type == "ChildFailedError" for text in e.message.split("\n")
     ]
     for text in texts:
+        if not any(word in text for word in _DEATH_WORDS):
+            continue
         received = _SIGNAL_RECEIVED.search(text)
         if received:
             incident.signal = received.group("name")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cache import cached
 from .rule import Problem, Rule, build_rule
 from .yamlpos import LocatedList, Position, YamlError, load_located
 
@@ -69,6 +70,11 @@ def load_rule_file(path: Path, display: str | None = None) -> tuple[list[Rule], 
 
 def load_paths(paths: list[Path], origin: str = "built-in") -> KnowledgeBase:
     """Load every rule file under `paths` as one layer; a duplicated id is a problem."""
+    files = [file for root in paths if root.exists() for file in rule_files(root)]
+    return cached(files, f"{origin}\0{[str(p) for p in paths]}", lambda: _load_layer(paths, origin))
+
+
+def _load_layer(paths: list[Path], origin: str) -> KnowledgeBase:
     kb = KnowledgeBase()
     seen: dict[str, Rule] = {}
     for root in paths:

@@ -270,6 +270,7 @@ class _Builder:
         return names
 
     def check_templates(self, rule: Rule) -> None:
+        patterns_broken = any("bad regex" in p.message for p in self.problems)
         known = self.captured_names(rule) | templates.CONTEXT_NAMES
         for name, source in rule.template_fields().items():
             key = name.split("[")[0]
@@ -278,6 +279,8 @@ class _Builder:
             except templates.TemplateError as exc:
                 self.problem(self.value_pos(self.data, key), f"'{key}': {exc}")
                 continue
+            if patterns_broken:
+                continue  # the names a broken pattern would capture are unknown; say nothing rather than guess
             for unknown in sorted(used - known):
                 close = difflib.get_close_matches(unknown, sorted(known), n=1)
                 self.problem(self.value_pos(self.data, key),

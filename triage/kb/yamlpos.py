@@ -17,6 +17,7 @@ MAX_DEPTH = 24
 MAX_NODES = 200_000
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_STR_TAG = "tag:yaml.org,2002:str"
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,8 @@ class _Converter:
                 items.append(self.convert(item, depth + 1))
                 items.item_positions.append(_position(item))
             return items
+        if node.tag == _STR_TAG:
+            return node.value  # the common case, without the constructor's machinery
         try:
             return self.constructor.construct_object(node, deep=True)
         except yaml.YAMLError as exc:
