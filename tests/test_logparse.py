@@ -169,3 +169,35 @@ def test_windows_paths_and_crlf():
     exc = parse_text(text).exception
     assert [f.user for f in exc.frames] == [True, False]
     assert exc.message == "shape '[3, -1]' is invalid for input of size 40"
+
+
+def test_rich_boxed_traceback():
+    exc = parse("rich_traceback.log").exception
+    assert exc.type == "RuntimeError"
+    user = [f for f in exc.frames if f.user]
+    assert [(f.line, f.function, f.code) for f in user] == [
+        (15, "<module>", "loss = train_step(model, batch, nn.CrossEntropyLoss())"),
+        (10, "train_step", "return criterion(logits, labels)"),
+    ]
+    wrapped = exc.frames[2]  # its header wraps: "...module.py:1778 in" then "_wrapped_call_impl"
+    assert (wrapped.line, wrapped.function, wrapped.user) == (1778, "_wrapped_call_impl", False)
+
+
+def test_traceback_printed_on_a_progress_bar_line():
+    text = (
+        "Epoch 1/3 [val]:   0%|          | 0/5 [00:00<00:00,  0.00it/s]Traceback (most recent call last):\n"
+        '  File "/tmp/runs/train.py", line 23, in forward\n'
+        "    x = self.fc(x)\n"
+        "RuntimeError: mat1 and mat2 shapes cannot be multiplied (64x2048 and 1568x128)\n"
+    )
+    incident = parse_text(text)
+    assert incident.exception.user_frame().line == 23
+    assert incident.log_lines == ["Epoch 1/3 [val]:   0%|          | 0/5 [00:00<00:00,  0.00it/s]"]
+
+
+def test_library_packages_outside_site_packages_are_not_user_code():
+    from triage.incident import is_user_path
+
+    assert not is_user_path("/workspace/pypacks/accelerate/state.py")
+    assert is_user_path("/home/u/transformers/examples/pytorch/run_glue.py")
+    assert is_user_path("/home/u/proj/train.py")

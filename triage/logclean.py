@@ -38,6 +38,10 @@ _RECORD_PREFIXES = (
     re.compile(r"\[?\d\d:\d\d:\d\d(?:[.,]\d+)?\]?\s+(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s*[|:-]?\s?"),
 )
 
+_TRACEBACK = "Traceback (most recent call last)"
+# Where "Traceback" legitimately follows text on a line: IPython's header, a worker's
+# "Original Traceback", rich's box.
+_KEEPS_TRACEBACK_ON_LINE = re.compile(r"\s*(?:[A-Za-z_][\w.]*\s{2,}|Original |╭)")
 _PDB_LOCATION = re.compile(r"> \S.*\(\d+\)\S*\(\)")
 _QUOTE = re.compile(r"(?:> ?)+")
 
@@ -65,6 +69,11 @@ def clean_lines(text: str, first_number: int = 1) -> list[LogLine]:
                 continue
             line = rest
         rank, record_start, line = _strip_prefixes(line)
+        before, head, after = line.partition(_TRACEBACK)
+        if head and before.strip() and not _KEEPS_TRACEBACK_ON_LINE.match(before):
+            # An exception interrupting a progress bar prints its traceback on the bar's line.
+            out.append(LogLine(before, number, rank, record_start))
+            line = head + after
         out.append(LogLine(line, number, rank, record_start))
     return out
 

@@ -26,6 +26,9 @@ LOG_LINES_TAIL = 200
 LOG_LINES_NOTABLE = 200
 
 _TRACEBACK_HEAD = re.compile(r"\s*(?:Original )?Traceback \(most recent call last\):?\s*$")
+_RICH_HEAD = re.compile(r"╭─+ Traceback \(most recent call last\) ─+╮")
+_RICH_FRAME = re.compile(r"(?P<file>[^\s│╭╰].*?):(?P<line>\d+) in ?(?P<func>[\w.<>]*)$")
+_RICH_ARROW = re.compile(r"❱\s*\d+\s*(?:│\s*)*(?P<code>.*)$")
 _IPYTHON_HEAD = re.compile(r"(?P<type>[A-Za-z_][\w.]*)\s{2,}Traceback \(most recent call last\)")
 _VSCODE_HEAD = re.compile(r"Exception has occurred: (?P<type>[A-Za-z_][\w.]*)\s*$")
 _CAUSE = "The above exception was the direct cause of the following exception"
@@ -122,6 +125,9 @@ class _TracebackScanner:
         lines, i = self.lines, 0
         while i < len(lines):
             text = lines[i].text
+            if "Traceback" in text and text.startswith("╭") and _RICH_HEAD.match(text):
+                i = self._read_rich_traceback(i + 1)
+                continue
             if "Traceback" in text and (_TRACEBACK_HEAD.match(text) or _IPYTHON_HEAD.match(text)):
                 ipython = _IPYTHON_HEAD.match(text)
                 i = self._read_traceback(i + 1, preset_type=ipython.group("type") if ipython else None)
@@ -197,7 +203,42 @@ class _TracebackScanner:
                 continue
             break
 
-        frames = head + list(tail)
+        return self._finish(i, head + list(tail), omitted, start_number, preset_type, preset_message)
+
+    def _read_rich_traceback(self, i: int) -> int:
+        """rich's boxed traceback (Lightning CLI, typer): `│ path:line in func │` frames, `❱ N │ code` lines."""
+        lines = self.lines
+        frames: list[Frame] = []
+        start_number = lines[i - 1].number
+        while i < len(lines):
+            text = lines[i].text
+            if text.startswith("╰"):
+                i += 1
+                break
+            if not text.startswith("│"):
+                break
+            inner = text[1:].rstrip().removesuffix("│").strip()
+            header = _RICH_FRAME.match(inner)
+            if header:
+                function = header.group("func")
+                if not function and i + 1 < len(lines):
+                    # A long header wraps: the function name is alone on the next line.
+                    i += 1
+                    function = lines[i].text[1:].rstrip().removesuffix("│").strip()
+                frames.append(_frame(header.group("file"), header.group("line"), function or "<unknown>"))
+            elif inner.startswith("❱") and frames:
+                arrow = _RICH_ARROW.match(inner)
+                if arrow:
+                    frames[-1].code = arrow.group("code").strip()
+            i += 1
+        frames = frames[:MAX_FRAMES_HEAD] + frames[MAX_FRAMES_HEAD:][-MAX_FRAMES_TAIL:]
+        return self._finish(i, frames, 0, start_number, None, "")
+
+    def _finish(
+        self, i: int, frames: list[Frame], omitted: int, start_number: int, preset_type: str | None, preset_message: str
+    ) -> int:
+        """Read the exception line and its message after a traceback's frames."""
+        lines = self.lines
         if i >= len(lines) or not _EXCEPTION_LINE.match(lines[i].text):
             if preset_type:
                 self._add(ExceptionInfo(preset_type, preset_message, frames, line_no=start_number), omitted)
