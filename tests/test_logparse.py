@@ -201,3 +201,62 @@ def test_library_packages_outside_site_packages_are_not_user_code():
     assert not is_user_path("/workspace/pypacks/accelerate/state.py")
     assert is_user_path("/home/u/transformers/examples/pytorch/run_glue.py")
     assert is_user_path("/home/u/proj/train.py")
+
+
+def test_logger_padded_traceback_without_its_header():
+    text = (
+        '2022-12-28 16:13:02 [ERROR]    File "/home/u/distill/basics.py", line 138, in evaluate_models\n'
+        "2022-12-28 16:13:02 [ERROR]      losses[k] += task_loss(state, output, target).item()\n"
+        "2022-12-28 16:13:02 [ERROR]  RuntimeError: CUDA error: device-side assert triggered\n"
+    )
+    exc = parse_text(text).exception
+    assert exc.type == "RuntimeError" and exc.message == "CUDA error: device-side assert triggered"
+    assert (exc.frames[0].line, exc.frames[0].code) == (138, "losses[k] += task_loss(state, output, target).item()")
+
+
+def test_vllm_logger_prefix():
+    exc = parse_text("ERROR 04-01 23:46:56 [engine.py:160] torch.OutOfMemoryError: CUDA out of memory.\n").exception
+    assert exc.type == "torch.OutOfMemoryError"
+
+
+def test_vscode_notebook_links_and_markdown_bold():
+    text = (
+        "Cell In[11], [line 13](vscode-notebook-cell:?execution_count=11&line=13)\n"
+        "---> [13](vscode-notebook-cell:?execution_count=11&line=13) acc = model(x)\n"
+    )
+    incident = parse_text("RuntimeError                              Traceback (most recent call last)\n" + text + "RuntimeError: boom\n")
+    assert (incident.exception.frames[0].line, incident.exception.frames[0].code) == (13, "acc = model(x)")
+    bold = parse_text("**RuntimeError: CUDA error: device-side assert triggered**\n").exception
+    assert bold.message == "CUDA error: device-side assert triggered"
+
+
+def test_assertion_lines_after_the_message_stay_log_lines():
+    text = (
+        "RuntimeError: CUDA error: device-side assert triggered\n"
+        "For debugging consider passing CUDA_LAUNCH_BLOCKING=1.\n"
+        "/pytorch/aten/src/ATen/native/cuda/ScatterGatherKernel.cu:115: operator(): block: [0,0,0], thread: [1,0,0] "
+        "Assertion `idx_dim >= 0 && idx_dim < index_size` failed.\n"
+    )
+    incident = parse_text('Traceback (most recent call last):\n  File "t.py", line 1, in <module>\n    f()\n' + text)
+    assert "Assertion" not in incident.exception.message
+    assert any("Assertion `idx_dim" in line for line in incident.log_lines)
+
+
+def test_torchrun_root_cause_block_wins_over_ranks_it_killed():
+    summary = (
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        "Failures:\n"
+        "[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -15 (pid: 22615)\n  traceback : Signal 15 (SIGTERM) received by PID 22615\n"
+        "Root Cause (first observed failure):\n"
+        "[0]:\n  rank      : 3 (local_rank: 3)\n  exitcode  : 1 (pid: 22617)\n  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n"
+        "==========\n"
+    )
+    incident = parse_text("rank: 2, memory allocated: 0\n" + summary)
+    assert (incident.rank, incident.exit_code, incident.signal) == (3, 1, None)
+
+
+def test_error_glued_onto_a_code_line_is_split_off():
+    text = '  File "/x/poisson.py", line 63, in log_prob\n    return value.xlogy(rate) - (value + 1).lgamma()RuntimeError: CUDA out of memory. Tried to allocate 9.28 GiB\n'
+    exc = parse_text(text).exception
+    assert exc.frames[0].code == "return value.xlogy(rate) - (value + 1).lgamma()"
+    assert exc.message == "CUDA out of memory. Tried to allocate 9.28 GiB"

@@ -34,11 +34,14 @@ _RECORD_PREFIXES = (
     re.compile(r"\[?[IWEF]\d{3,4} \d\d:\d\d:\d\d\.\d+(?: +\d+)? +[^\]\s]+\] ?"),
     # python logging's default format: ERROR:root: / WARNING:torch.distributed.run:
     re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.<>]+:\s?"),
+    # vLLM and friends: ERROR 04-01 23:46:56 [engine.py:160]
+    re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]\n]{1,80}\] ?"),
     # [12:34:56] / 12:34:56 timestamps with a level
     re.compile(r"\[?\d\d:\d\d:\d\d(?:[.,]\d+)?\]?\s+(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s*[|:-]?\s?"),
 )
 
 _TRACEBACK = "Traceback (most recent call last)"
+_GLUED_ERROR = re.compile(r"(?<=\))(?:[a-z_]\w*\.)*[A-Z]\w*Error: ")
 # Where "Traceback" legitimately follows text on a line: IPython's header, a worker's
 # "Original Traceback", rich's box.
 _KEEPS_TRACEBACK_ON_LINE = re.compile(r"\s*(?:[A-Za-z_][\w.]*\s{2,}|Original |╭)")
@@ -69,6 +72,11 @@ def clean_lines(text: str, first_number: int = 1) -> list[LogLine]:
                 continue
             line = rest
         rank, record_start, line = _strip_prefixes(line)
+        glued = _GLUED_ERROR.search(line) if "rror: " in line else None
+        if glued and glued.start() > 0:
+            # A damaged paste: an exception line run onto the code line before it.
+            out.append(LogLine(line[: glued.start()], number, rank, record_start))
+            line = line[glued.start() :]
         before, head, after = line.partition(_TRACEBACK)
         if head and before.strip() and not _KEEPS_TRACEBACK_ON_LINE.match(before):
             # An exception interrupting a progress bar prints its traceback on the bar's line.
@@ -89,6 +97,9 @@ def _clean_one(raw: str) -> str:
         parts = [part for part in line.rstrip("\r").split("\r") if part.strip()]
         line = parts[-1] if parts else ""
     return line.rstrip()
+
+
+_NOTEBOOK_LINK = re.compile(r"\[([^\]\n]{1,40})\]\((?:vscode-notebook-cell|file|https?):[^)\s]*\)")
 
 
 def _strip_prefixes(line: str) -> tuple[int | None, bool, str]:
@@ -117,4 +128,9 @@ def _strip_prefixes(line: str) -> tuple[int | None, bool, str]:
             break
     if len(line) > 2 and line[0] == "`" and line[-1] == "`" and line.count("`") == 2:
         line = line[1:-1]
+    if line.startswith("**"):
+        line = line[2:].removesuffix("**")  # markdown bold left around a pasted error
+    if "](" in line:
+        # VS Code notebooks print `Cell In[11], [line 13](vscode-notebook-cell:...)`.
+        line = _NOTEBOOK_LINK.sub(r"\1", line)
     return rank, record_start, line

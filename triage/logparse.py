@@ -51,11 +51,15 @@ _BARE_ERROR_LINE = re.compile(
     r"(?P<type>(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Interrupt|Exit|Failure))(?::(?: (?P<msg>.*)|$)|$)"
 )
 
+# Lines that never continue an exception message, though printed right after one.
+_NOT_MESSAGE = re.compile(
+    r"\S+\.(?:cu|cuh|cpp|h|c):\d+: .*Assertion `|\S+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)|\[W\d{3,4} "
+)
 _WORKER = re.compile(r"in DataLoader worker process (?P<worker>\d+)")
 _SPAWNED_PROCESS = re.compile(r"-- Process (?P<rank>\d+) terminated with the following error")
 _WRAPPER_TYPES = {"ChildFailedError", "ProcessRaisedException", "ProcessExitedException", "Empty"}
 
-_TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+)")
+_TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+) \(local_rank:")
 _TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)")
 _SIGNAL_RECEIVED = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG[A-Z]+)\) received by PID")
 _SHELL_DEATH = re.compile(
@@ -137,6 +141,10 @@ class _TracebackScanner:
                 if vscode:
                     i = self._read_vscode(i + 1, vscode.group("type"))
                     continue
+            if 'File "' in text and _FRAME.match(text):
+                # A traceback pasted without its header: its frames start here.
+                i = self._read_traceback(i)
+                continue
             if _CAUSE in text:
                 self.pending_link = "cause"
             elif _CONTEXT in text:
@@ -188,6 +196,8 @@ class _TracebackScanner:
                 i += 1
                 continue
             if frame is not None and text[0] in " \t-":
+                if lines[i].record_start and frame.code is not None and _EXCEPTION_LINE.match(stripped):
+                    break  # a logger's padding indents the exception line too
                 arrow = _IPY_ARROW.match(stripped) if text[0] == "-" or stripped.startswith("-") else None
                 if arrow:
                     frame.line = frame.line or int(arrow.group("line"))
@@ -239,6 +249,8 @@ class _TracebackScanner:
     ) -> int:
         """Read the exception line and its message after a traceback's frames."""
         lines = self.lines
+        if i < len(lines) and lines[i].record_start:
+            lines[i] = LogLine(lines[i].text.lstrip(), lines[i].number, lines[i].rank, True)
         if i >= len(lines) or not _EXCEPTION_LINE.match(lines[i].text):
             if preset_type:
                 self._add(ExceptionInfo(preset_type, preset_message, frames, line_no=start_number), omitted)
@@ -264,6 +276,8 @@ class _TracebackScanner:
                 break
             if _CAUSE in text or _CONTEXT in text:
                 break
+            if _NOT_MESSAGE.match(text):
+                break  # a CUDA kernel's assertion or an NCCL line printed right after the error
             message_lines.append(text)
             size += len(text)
             i += 1
@@ -336,6 +350,9 @@ def _assemble(streams: list[_Stream]) -> Incident:
     candidates = [e for e in exceptions if not e.wrapper and e.short_type not in _WRAPPER_TYPES and e.type]
     root = candidates[0] if candidates else (exceptions[0] if exceptions else None)
 
+    # torchrun's failure summary is the launcher's log output, though printed as an exception message.
+    context += [LogLine(text, (e.line_no or 0) + offset, e.rank) for e in exceptions if e.short_type == "ChildFailedError"
+                for offset, text in enumerate(e.message.split("\n"), start=1)]
     incident = Incident(source="log", exception=root, exceptions=exceptions, notes=notes)
     incident.log_lines = _log_excerpt(context)
     if root is not None:
@@ -378,6 +395,18 @@ def _log_excerpt(context: list[LogLine]) -> list[str]:
     return [keep[number].text for number in sorted(keep) if keep[number].text.strip()]
 
 
+def _root_cause_block(texts: list[str]) -> list[str]:
+    for index, text in enumerate(texts):
+        if text.startswith("Root Cause"):
+            block = []
+            for line in texts[index + 1 :]:
+                if line.startswith("==="):
+                    break
+                block.append(line)
+            return block
+    return []
+
+
 def _is_notable(text: str) -> bool:
     lower = text.lower()
     return any(word in lower for word in _NOTABLE_WORDS)
@@ -385,9 +414,11 @@ def _is_notable(text: str) -> bool:
 
 def _read_deaths(incident: Incident, context: list[LogLine], exceptions: list[ExceptionInfo]) -> None:
     """Signal deaths and exit codes from torchrun summaries, shells and faulthandler."""
-    texts = [line.text for line in context] + [
-        text for e in exceptions if e.short_type == "ChildFailedError" for text in e.message.split("\n")
-    ]
+    summary = [text for e in exceptions if e.short_type == "ChildFailedError" for text in e.message.split("\n")]
+    summary += [line.text for line in context if "Root Cause" in line.text or line.text.startswith("  ")]
+    root_block = _root_cause_block(summary)
+    # torchrun's root cause names the rank that failed first; ranks it killed afterwards say SIGTERM.
+    texts = root_block or [line.text for line in context] + summary
     for text in texts:
         if not any(word in text for word in _DEATH_WORDS):
             continue

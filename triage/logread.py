@@ -11,7 +11,6 @@ from __future__ import annotations
 import codecs
 import os
 import stat
-import tempfile
 from collections import deque
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -94,6 +93,8 @@ def _read_stream(stream: BinaryIO, name: str) -> LogText:
         if not chunk:
             return _decode_whole(bytes(head), name)
         head += chunk
+    import tempfile  # only for a huge log on standard input
+
     with tempfile.TemporaryFile() as spool:
         spool.write(head)
         size = len(head)

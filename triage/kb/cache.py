@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-import tempfile
+import sys
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -40,6 +40,8 @@ def cached(files: list[Path], salt: str, build: Callable[[], T]) -> T:
     value = build()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        import tempfile  # only on a cache miss
+
         with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as handle:
             pickle.dump(value, handle, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(handle.name, path)
@@ -50,10 +52,19 @@ def cached(files: list[Path], salt: str, build: Callable[[], T]) -> T:
 
 def _key(files: list[Path], salt: str) -> str | None:
     from .. import __version__
-    from ..probes import known_probes
+    from ..probes import PROBES, registered_probes
 
     engine = Path(__file__).resolve().parent
-    digest = hashlib.sha256(f"{__version__}\0{salt}\0{sorted(known_probes())}\0{Path.cwd()}".encode())
+    # Probes installed through entry points change validation too, but scanning every installed
+    # distribution costs more than the cache saves; installing or removing a package changes
+    # its site folder's modification time instead, so those times stand in for the scan.
+    probes = sorted(PROBES) + sorted(registered_probes())
+    digest = hashlib.sha256(f"{__version__}\0{salt}\0{probes}\0{Path.cwd()}".encode())
+    for folder in sys.path:
+        try:
+            digest.update(f"{folder}\0{os.stat(folder or '.').st_mtime_ns}\0".encode())
+        except OSError:
+            continue
     try:
         for path in [*files, *(engine / name for name in _ENGINE_FILES)]:
             info = path.stat()

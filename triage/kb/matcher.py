@@ -148,6 +148,9 @@ def _diagnosis(
     warnings: list[str],
 ) -> Diagnosis:
     matched_frame = values.pop("_frame", None)
+    # A rule that recognises a library frame (torch's worker loop, collate) still reports the user's line.
+    if matched_frame is not None and not matched_frame.user and exc is not None and exc.user_frame() is not None:
+        matched_frame = exc.user_frame()
     frame = matched_frame or (exc.user_frame() if exc else None)
     if frame is None and incident.exception is not None:
         frame = incident.exception.user_frame()
