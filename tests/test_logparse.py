@@ -1,5 +1,6 @@
 """The log parser on the formats users paste, built from real PyTorch output."""
 
+import pytest
 from conftest import FIXTURES
 
 from triage.logparse import parse_text
@@ -260,3 +261,21 @@ def test_error_glued_onto_a_code_line_is_split_off():
     exc = parse_text(text).exception
     assert exc.frames[0].code == "return value.xlogy(rate) - (value + 1).lgamma()"
     assert exc.message == "CUDA out of memory. Tried to allocate 9.28 GiB"
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["epoch 3 train_loss=nan", "step 4 | loss nan | lr 5.0", "[Loss] nan", "{'loss': 0.0, 'grad_norm': nan, 'epoch': 0.1}"],
+)
+def test_nan_loss_wordings_make_a_nan_incident(line):
+    assert parse_text(f"step 1 loss 2.3\n{line}\n").kind == "nan"
+
+
+def test_a_nan_learning_rate_is_not_a_nan_loss():
+    assert parse_text("loss: 2.3 lr nan\n").kind == "exception"
+
+
+def test_dynamo_logger_prefix_and_dotted_exception_names():
+    text = "[2023-11-29 22:29:33,093] torch._dynamo.convert_frame: [WARNING] Traceback (most recent call last):\n"
+    assert parse_text(text + '  File "a.py", line 1, in f\n    g()\nRuntimeError: x\n').exception.frames[0].line == 1
+    assert parse_text("torch._dynamo.exc.Unsupported: data dependent operator\n").exception.short_type == "Unsupported"

@@ -18,6 +18,7 @@ _LIBRARY_PATH = re.compile(
               |deepspeed|timm|peft|diffusers|datasets|torchmetrics|apex|fairscale|xformers|triton|numpy|tqdm)[\\/]
               (?!(?:.*[\\/])?(?:examples|scripts)[\\/])   # a clone's examples are someone's own scripts
     | ^<frozen\ | ^<string>$ | ^<__array_function__
+    | [\\/]bin[\\/](?:torchrun|accelerate|deepspeed|lightning|python[\d.]*)$   # launchers
     """,
     re.VERBOSE,
 )

@@ -24,10 +24,11 @@ _RANK_PREFIXES = (
 
 _RECORD_PREFIXES = (
     # 2024-03-01 12:34:56,789 / [2024-03-01T12:34:56.789Z], then up to four tokens such as
-    # [INFO], [trainer.py:88], "- root - INFO -" or "| INFO |"
+    # [INFO], [trainer.py:88], "- root - INFO -", "| INFO |" or "torch._dynamo.convert_frame: [WARNING]"
     re.compile(
         r"\[?\d{4}-\d\d-\d\d[ T_]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?"
-        r"(?:\s*(?:\[[^\]\n]{1,80}\]|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b|[|-]\s*[\w.<>]+(?=\s*[|:-]))){0,4}"
+        r"(?:\s*(?:\[[^\]\n]{1,80}\]|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b|[|-]\s*[\w.<>]+(?=\s*[|:-])"
+        r"|[a-z_][\w.]*:(?=\s+\[))){0,4}"
         r"(?:\s*[|:-])?\s?"
     ),
     # glog style, as torchelastic and c10 print: E1105 12:34:56.789000 1234 path/file.py:123] or [W1105 ... file.cpp:1168]

@@ -48,7 +48,8 @@ _REPEATED = re.compile(r"\s*\[Previous line repeated (?P<count>\d+) more times?\
 _EXCEPTION_LINE = re.compile(r"(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*)(?::(?: (?P<msg>.*)|$)|$)")
 # With no traceback around it, only names that read as errors count.
 _BARE_ERROR_LINE = re.compile(
-    r"(?P<type>(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Interrupt|Exit|Failure))(?::(?: (?P<msg>.*)|$)|$)"
+    r"(?P<type>(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Interrupt|Exit|Failure)|(?:[a-z_]\w*\.){2,}[A-Z]\w*)"
+    r"(?::(?: (?P<msg>.*)|$)|$)"
 )
 
 # Lines that never continue an exception message, though printed right after one.
@@ -75,7 +76,10 @@ _SIGNALS = {
     "Floating point exception": ("SIGFPE", 8),
     "Illegal instruction": ("SIGILL", 4),
 }
-_NAN_LINE = re.compile(r"(?i)\b(?:loss|grad(?:ient)?s?(?: norm)?)\b[^\n]{0,40}?[=:]\s*[-+]?(?:nan|inf)\b|\bnan\b[^\n]{0,30}\b(?:loss|detected|encountered)\b")
+_NAN_LINE = re.compile(
+    r"(?i)(?:loss|grad(?:ient)?s?(?:[ _]norm)?)['\"\]]?\s*[=:]?\s*[-+]?(?:nan|inf)\b"
+    r"|\bnan\b[^\n]{0,30}\b(?:loss|detected|encountered)\b"
+)
 # Words that make a line worth keeping from anywhere in a log; plain substring tests on the
 # lower-cased line, which are far cheaper than a case-insensitive alternation.
 _NOTABLE_WORDS = (
@@ -368,7 +372,8 @@ def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
     found: list[ExceptionInfo] = []
     for index, line in enumerate(context):
         text = line.text
-        if not ("Error" in text or "Exception" in text or "Interrupt" in text or "Exit" in text or "Failure" in text):
+        if not ("Error" in text or "Exception" in text or "Interrupt" in text or "Exit" in text or "Failure" in text
+                or text.startswith("torch.")):
             continue
         match = _BARE_ERROR_LINE.match(text)
         if not match:
