@@ -303,6 +303,10 @@ def _enclosing_class(path: str, line: int, function: str) -> str | None:
 
 
 def _short(path: str) -> str:
+    """A path as short as it can be and still say where: relative to the working folder, or to site-packages."""
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
     try:
         relative = os.path.relpath(path)
     except ValueError:
