@@ -150,10 +150,31 @@ def run_child(target: str, module: bool, args: list[str], channel: Channel, conf
     except SystemExit:
         raise
     except KeyboardInterrupt as exc:
+        _defer_python_signal_handlers()
         _die_interrupted(exc, session)
     except BaseException as exc:
+        _defer_python_signal_handlers()
         _exit_failed(exc, session)
     raise SystemExit(0)
+
+
+def _defer_python_signal_handlers() -> None:
+    """Keep signals whose handlers are Python code pending while the exception is printed and triaged.
+
+    Such a handler can raise at any bytecode: torch's SIGCHLD handler raises
+    "DataLoader worker (pid N) is killed by signal" again when a second worker
+    dies. The process is ending with the script's own exception, so they stay
+    pending until it exits.
+    """
+    try:
+        deferred = {
+            number for number in signal.valid_signals()
+            if number not in (signal.SIGINT, signal.SIGKILL, signal.SIGSTOP) and callable(signal.getsignal(number))
+        }  # fmt: skip
+        if deferred:
+            signal.pthread_sigmask(signal.SIG_BLOCK, deferred)
+    except (OSError, ValueError):
+        pass
 
 
 def _prepare_main(target: str, module: bool, args: list[str]) -> None:
@@ -268,8 +289,14 @@ def _hide_runner_frames(exc: BaseException):
 
 
 def _exit_failed(exc: BaseException, session: Session | None) -> NoReturn:
-    tb = _hide_runner_frames(exc)
-    _show_exception(exc, tb)
+    try:
+        tb = _hide_runner_frames(exc)
+    except BaseException:
+        tb = exc.__traceback__
+    try:
+        _show_exception(exc, tb)
+    except BaseException:
+        pass
     if session is not None:
         session.report_exception(exc, tb)
     raise SystemExit(1)
@@ -277,7 +304,10 @@ def _exit_failed(exc: BaseException, session: Session | None) -> NoReturn:
 
 def _die_interrupted(exc: KeyboardInterrupt, session: Session | None) -> NoReturn:
     """Like CPython after an uncaught KeyboardInterrupt: finalize, then die of SIGINT (the shell shows 130)."""
-    _show_exception(exc, _hide_runner_frames(exc))
+    try:
+        _show_exception(exc, _hide_runner_frames(exc))
+    except BaseException:
+        pass
     if session is not None:
         session.handled = "interrupt"
         session.write_status()

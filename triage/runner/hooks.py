@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from .channel import ENVIRONMENT, HEARTBEAT, HEARTBEAT_SIZE, WORKERS, Beat, Channel
 
-SAMPLE_SECONDS = 1.0
+SAMPLE_SECONDS = 0.25
 MAX_WARNINGS = 20
 MAX_WORKER_ENTRIES = 256
 

@@ -99,7 +99,13 @@ class Supervisor:
         except BaseException as exc:  # triage itself is broken: run the script as plain python would
             _internal_error(exc, "starting the child")
             _exec_plain_python(options)
-        run_child(options.target, options.module, options.args, self.channel, config)
+        try:
+            run_child(options.target, options.module, options.args, self.channel, config)
+        except SystemExit:
+            raise
+        except BaseException as exc:  # never reached by design; the frames above (cli.main) must not see it
+            _internal_error(exc, "ending the script")
+            raise SystemExit(1) from None
 
     def _supervise(self, watched: set[int]) -> int:
         timeout = self.options.hang_timeout
