@@ -33,7 +33,7 @@ def main():
     lengths = torch.tensor([12, 7, 9, 12])
     tokens = torch.randn(4, int(lengths.max()), 32)
     block = SelfAttention()
-    optimizer = torch.optim.Adam(block.parameters(), lr=1e-3)
+    optimizer = torch.optim.SGD(block.parameters(), lr=1e-2, momentum=0.9)
     out = block(tokens, padding_mask(lengths))
     out.pow(2).mean().backward()
     optimizer.step()

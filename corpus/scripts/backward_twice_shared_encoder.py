@@ -14,7 +14,7 @@ def main():
     recon_head = nn.Linear(32, 8)
     class_head = nn.Linear(32, 3)
     params = [*encoder.parameters(), *recon_head.parameters(), *class_head.parameters()]
-    optimizer = torch.optim.Adam(params, lr=1e-3)
+    optimizer = torch.optim.SGD(params, lr=1e-2, momentum=0.9)
     x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
     for step in range(3):
         features = encoder(x)

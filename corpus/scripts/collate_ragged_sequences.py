@@ -21,7 +21,7 @@ class Sentences(Dataset):
 def main():
     embed = torch.nn.EmbeddingBag(1000, 16)
     classifier = torch.nn.Linear(16, 2)
-    optimizer = torch.optim.Adam(list(embed.parameters()) + list(classifier.parameters()))
+    optimizer = torch.optim.SGD(list(embed.parameters()) + list(classifier.parameters()), lr=0.1)
     for tokens in DataLoader(Sentences(), batch_size=4, shuffle=False):
         logits = classifier(embed(tokens))
         loss = logits.logsumexp(-1).mean()

@@ -11,7 +11,7 @@ def main():
     y = (x.sum(dim=1, keepdim=True) > 0).float()
     loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True, num_workers=2)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for epoch in range(2):
         total = 0.0
         for features, target in loader:

@@ -26,7 +26,7 @@ def main():
     torch.manual_seed(0)
     loader = DataLoader(Digits(), batch_size=32, shuffle=True)
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for images, labels in loader:
         loss = nn.functional.cross_entropy(model(images), labels)
         optimizer.zero_grad()

@@ -38,6 +38,7 @@ class Encoder(nn.Module):
 
 
 def main():
+    torch.manual_seed(0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = Encoder().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)

@@ -32,16 +32,16 @@ class CachedFeatures(Dataset):
     def checkpoint(self, started):
         with self.lock:
             started.set()
-            time.sleep(5)  # writing the cache to disk
+            time.sleep(60)  # uploading the cache to a bucket
 
 
 def main():
     dataset = CachedFeatures()
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     started = threading.Event()
     threading.Thread(target=dataset.checkpoint, args=(started,), daemon=True).start()
     started.wait()
-    model = torch.nn.Linear(8, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for batch in DataLoader(dataset, batch_size=8, num_workers=2):
         loss = model(batch).pow(2).mean()
         optimizer.zero_grad()

@@ -28,10 +28,13 @@ ENVIRONMENT = "environment.json"  # cheap environment facts the child learned af
 DUMP_SIGNAL = signal.SIGRTMIN + 4 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR1
 
 _MAGIC = b"TRIAGEHB"
-# magic, started pid, sequence, batches, steps, loader iterators, batches of the current iterator,
+# magic, started pid, phase, sequence, batches, steps, loader iterators, batches of the current iterator,
 # worker that owns the awaited batch, main thread ident, rss, peak rss, gpu allocated, gpu reserved,
 # wall time of the last progress, wall time of the last memory sample
-_LAYOUT = struct.Struct("<8sQQQQQQqQQQQQdd")
+_LAYOUT = struct.Struct("<8sQQQQQQQqQQQQQdd")
+
+# What the child is doing: only a run in user code can hang; a report or an exit in progress cannot.
+PHASE_STARTING, PHASE_RUNNING, PHASE_TRIAGING, PHASE_EXITING = range(4)
 HEARTBEAT_SIZE = 4096
 
 
@@ -40,6 +43,7 @@ class Beat:
     """One reading of the child's heartbeat."""
 
     started_pid: int = 0
+    phase: int = PHASE_STARTING
     seq: int = 0
     batches: int = 0
     steps: int = 0
@@ -57,11 +61,11 @@ class Beat:
     @property
     def armed(self) -> bool:
         """Progress has been seen, so a lack of it can mean a hang."""
-        return bool(self.batches or self.steps or self.iterators)
+        return self.phase == PHASE_RUNNING and bool(self.batches or self.steps or self.iterators)
 
     def pack_into(self, buffer, offset: int = 0) -> None:
         _LAYOUT.pack_into(
-            buffer, offset, _MAGIC, self.started_pid, self.seq, self.batches, self.steps, self.iterators,
+            buffer, offset, _MAGIC, self.started_pid, self.phase, self.seq, self.batches, self.steps, self.iterators,
             self.epoch_batches, self.awaited_worker, self.main_thread, self.rss, self.peak_rss,
             self.gpu_allocated, self.gpu_reserved, self.progress_time, self.sample_time,
         )  # fmt: skip

@@ -22,7 +22,7 @@ import types
 from typing import Any, NoReturn
 
 from ..tracking import TRACKER
-from .channel import CRASH_DUMP, DUMP_SIGNAL, STACK_DUMP, STATUS, Channel
+from .channel import CRASH_DUMP, DUMP_SIGNAL, PHASE_EXITING, PHASE_TRIAGING, STACK_DUMP, STATUS, Channel
 from .cli import interpreter_argv
 from .hooks import Heartbeat, TorchHooks, TorchImportWatcher, WarningRecorder
 from .pipeline import Reporter
@@ -61,6 +61,14 @@ class Session:
     def begin_user_code(self) -> None:
         if self.heartbeat is not None:
             self.heartbeat.start()
+
+    def set_phase(self, phase: int) -> None:
+        """Leaving user code: what follows (a report, the interpreter's exit) is not the run hanging."""
+        if self.heartbeat is not None and os.getpid() == self.pid:
+            try:
+                self.heartbeat.set_phase(phase)
+            except Exception:
+                pass
 
     def _torch_imported(self) -> None:
         try:
@@ -148,13 +156,21 @@ def run_child(target: str, module: bool, args: list[str], channel: Channel, conf
         else:
             _run_path(target)
     except SystemExit:
+        if session is not None:
+            session.set_phase(PHASE_EXITING)
         raise
     except KeyboardInterrupt as exc:
         _defer_python_signal_handlers()
+        if session is not None:
+            session.set_phase(PHASE_EXITING)
         _die_interrupted(exc, session)
     except BaseException as exc:
         _defer_python_signal_handlers()
+        if session is not None:
+            session.set_phase(PHASE_TRIAGING)
         _exit_failed(exc, session)
+    if session is not None:
+        session.set_phase(PHASE_EXITING)
     raise SystemExit(0)
 
 
@@ -299,6 +315,7 @@ def _exit_failed(exc: BaseException, session: Session | None) -> NoReturn:
         pass
     if session is not None:
         session.report_exception(exc, tb)
+        session.set_phase(PHASE_EXITING)
     raise SystemExit(1)
 
 

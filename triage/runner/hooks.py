@@ -20,7 +20,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable
 
-from .channel import ENVIRONMENT, HEARTBEAT, HEARTBEAT_SIZE, WORKERS, Beat, Channel
+from .channel import ENVIRONMENT, HEARTBEAT, HEARTBEAT_SIZE, PHASE_RUNNING, WORKERS, Beat, Channel
 
 SAMPLE_SECONDS = 0.25
 MAX_WARNINGS = 20
@@ -50,7 +50,12 @@ class Heartbeat:
     def start(self) -> None:
         """User code is about to run."""
         self.beat.started_pid = os.getpid()
+        self.beat.phase = PHASE_RUNNING
         self._sample(time.time())
+        self.write()
+
+    def set_phase(self, phase: int) -> None:
+        self.beat.phase = phase
         self.write()
 
     def on_progress(self, what: str, count: int) -> None:
