@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import struct
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -98,6 +97,19 @@ class Beat:
         return state
 
 
+def _private_folder() -> str:
+    """A new folder only this user can read, in the temporary directory (tempfile's rules, without its imports)."""
+    base = next((os.environ[name] for name in ("TMPDIR", "TEMP", "TMP") if os.environ.get(name)), "/tmp")
+    for attempt in range(100):
+        path = os.path.join(base, f"triage-run-{os.getpid()}-{time.monotonic_ns() % 10**9}-{attempt}")
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no free folder name in {base}")
+
+
 class Channel:
     """The shared folder. The parent creates it; the child opens it by path."""
 
@@ -106,8 +118,7 @@ class Channel:
 
     @classmethod
     def create(cls) -> Channel:
-        path = tempfile.mkdtemp(prefix="triage-run-")
-        channel = cls(path)
+        channel = cls(_private_folder())
         with open(channel.file(HEARTBEAT), "wb") as handle:
             handle.write(b"\0" * HEARTBEAT_SIZE)
         for name in (CRASH_DUMP, STACK_DUMP):

@@ -10,22 +10,19 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
-import importlib.util
 import marshal
 import os
 import signal
 import sys
 import threading
 import time
-import traceback
 import types
 from typing import Any, NoReturn
 
 from ..tracking import TRACKER
-from .channel import CRASH_DUMP, DUMP_SIGNAL, PHASE_EXITING, PHASE_TRIAGING, STACK_DUMP, STATUS, Channel
+from .channel import CRASH_DUMP, DUMP_SIGNAL, PHASE_EXITING, PHASE_TRIAGING, STACK_DUMP, STATUS, WORKERS, Channel
 from .cli import interpreter_argv
 from .hooks import Heartbeat, TorchHooks, TorchImportWatcher, WarningRecorder
-from .pipeline import Reporter
 
 EXIT_INTERNAL_DEBUG = 70
 
@@ -37,7 +34,7 @@ class Session:
         self.channel = channel
         self.config = config
         self.pid = os.getpid()
-        self.reporter = Reporter(config)
+        self._reporter = None
         self.heartbeat: Heartbeat | None = None
         self.warnings = WarningRecorder()
         self.debug = bool(os.environ.get("TRIAGE_DEBUG"))
@@ -57,6 +54,14 @@ class Session:
         self._install_thread_hook()
         self.warnings.install()
         TorchImportWatcher(self._torch_imported).install()
+
+    @property
+    def reporter(self):
+        if self._reporter is None:  # imported on the first incident: a run that succeeds never pays for it
+            from .pipeline import Reporter
+
+            self._reporter = Reporter(self.config)
+        return self._reporter
 
     def begin_user_code(self) -> None:
         if self.heartbeat is not None:
@@ -97,8 +102,11 @@ class Session:
             started = time.monotonic()
             from ..capture.live import capture_exception
 
-            log_lines = list(self.warnings.lines) + self._worker_crash_lines()
+            dead = self._dead_workers()
+            log_lines = list(self.warnings.lines) + self._worker_crash_lines() + [line for _, line in dead]
             live = capture_exception(exc, tb, tracker=TRACKER, thread_name=thread_name, exit_code=exit_code, log_lines=log_lines)
+            if dead:
+                live.incident.facts["dead_workers"] = [info for info, _ in dead]
             timings = {"capture_s": time.monotonic() - started}
             self.reporter.handle(live.incident, live=live, timings=timings)
             timings["total_s"] = time.monotonic() - started
@@ -109,6 +117,37 @@ class Session:
         except Exception as error:
             self.internal_error(error, "triaging the exception")
 
+    def _dead_workers(self) -> list[tuple[dict, str]]:
+        """DataLoader workers that already died, and how (read without reaping them, as torch's own check does).
+
+        A worker killed mid-batch often surfaces first as a ConnectionResetError
+        in the main process; torch's SIGCHLD check, which names the signal, may
+        not have run yet. The line is torch's wording for the same event.
+        """
+        workers = self.channel.read_json(WORKERS) or {}
+        found = []
+        for pid_text, info in workers.items():
+            try:
+                status = os.waitid(os.P_PID, int(pid_text), os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except (ChildProcessError, OSError, ValueError):
+                continue
+            if status is None:
+                continue
+            worker = {"worker": info.get("worker"), "pid": int(pid_text)}
+            if status.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+                try:
+                    worker["signal"] = signal.Signals(status.si_status).name
+                except ValueError:
+                    worker["signal"] = str(status.si_status)
+                line = f"DataLoader worker (pid {pid_text}) is killed by signal: {signal.strsignal(status.si_status)}. "
+            elif status.si_status:
+                worker["exit_code"] = status.si_status
+                line = f"DataLoader worker (pid {pid_text}) exited unexpectedly with exit code {status.si_status}."
+            else:
+                continue
+            found.append((worker, line))
+        return found
+
     def _worker_crash_lines(self) -> list[str]:
         """faulthandler output from DataLoader workers that died of a fatal signal (they share the crash file)."""
         text = self.channel.read_text(CRASH_DUMP, limit=64 * 1024)
@@ -116,13 +155,16 @@ class Session:
 
     def write_status(self) -> None:
         try:
-            self.channel.write_json(STATUS, {"handled": self.handled, "reports": self.reporter.folders})
+            reports = self._reporter.folders if self._reporter is not None else []
+            self.channel.write_json(STATUS, {"handled": self.handled, "reports": reports})
         except OSError:
             pass
 
     def internal_error(self, exc: BaseException, doing: str) -> None:
         """Triage failed: one line (or, under TRIAGE_DEBUG, the whole traceback and exit status 70)."""
         if self.debug:
+            import traceback
+
             sys.stderr.write(f"triage: internal error while {doing} (TRIAGE_DEBUG is set):\n")
             traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
             sys.stderr.flush()
@@ -259,7 +301,9 @@ def _run_path(target: str) -> None:
     main = _fresh_main()
     main.__dict__["__file__"] = path
     main.__dict__["__cached__"] = None
-    if source[:4] == importlib.util.MAGIC_NUMBER:
+    from importlib.util import MAGIC_NUMBER
+
+    if source[:4] == MAGIC_NUMBER:
         from importlib.machinery import SourcelessFileLoader
 
         main.__dict__["__loader__"] = SourcelessFileLoader("__main__", path)

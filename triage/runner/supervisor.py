@@ -63,7 +63,7 @@ class Supervisor:
             "hang_timeout": options.hang_timeout,
         }
 
-    def run(self) -> int:
+    def run(self) -> NoReturn:
         config = self.config()
         self.channel = Channel.create()
         watched = {signal.SIGCHLD} | {sig for sig in FORWARDED_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
@@ -71,14 +71,20 @@ class Supervisor:
         self._oom_before = oom_kill_count()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+            _die_with_parent(parent)
             self._become_child(config)
         self.child_pid = pid
         config["child_pid"] = pid
         self.config_for_reports = config
-        status = self._supervise(watched)
+        try:
+            status = self._supervise(watched)
+        except BaseException as exc:  # the parent must outlive the child whatever happens to it
+            _internal_error(exc, "supervising the script")
+            status = _wait(pid)
         code = os.waitstatus_to_exitcode(status)
         try:
             self._after_exit(code)
@@ -87,10 +93,10 @@ class Supervisor:
         finally:
             self.channel.remove()
         if self.hang_killed:
-            return EXIT_HANG_KILLED
+            code = EXIT_HANG_KILLED
         if code < 0:
             _die_of(-code)
-        return code
+        _exit_now(code)
 
     def _become_child(self, config: dict) -> NoReturn:
         options = self.options
@@ -141,10 +147,12 @@ class Supervisor:
         if not beat.armed or self._reported_seq == beat.seq or now - self._last_change < timeout:
             return
         self._reported_seq = beat.seq
-        self._report_hang(beat, now - self._last_change)
-        if self.options.on_hang == "kill":
-            self.hang_killed = True
-            kill_tree(self.child_pid)
+        try:
+            self._report_hang(beat, now - self._last_change)
+        finally:  # a report that fails (a closed stderr) must not keep a run the user asked to stop
+            if self.options.on_hang == "kill":
+                self.hang_killed = True
+                kill_tree(self.child_pid)
 
     def reporter(self):
         if self._reporter is None:
@@ -180,6 +188,19 @@ class Supervisor:
         if dump:
             sys.stderr.write(dump + "\n")
         self.reporter().handle(incident, texts=texts, timings={"capture_s": time.monotonic() - started})
+
+
+def _die_with_parent(parent: int) -> None:
+    """In the child: if the supervising parent is killed (kill -9, the OOM killer), go too, as plain python would."""
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def kill_tree(pid: int) -> None:
@@ -235,6 +256,16 @@ def oom_kill_count() -> int | None:
     return None
 
 
+def _exit_now(code: int) -> NoReturn:
+    """The parent has nothing left to clean up: skip the interpreter's finalization (tens of milliseconds)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code & 0xFF if code >= 0 else 1)
+
+
 def _die_of(signum: int) -> NoReturn:
     """End this process by `signum`, as the child ended, so the shell reports the same death."""
     for stream in (sys.stdout, sys.stderr):
@@ -263,12 +294,26 @@ def _exec_plain_python(options: RunOptions) -> NoReturn:
     os.execv(sys.executable, command)
 
 
-def _internal_error(exc: BaseException, doing: str) -> None:
-    if os.environ.get("TRIAGE_DEBUG"):
-        import traceback
+def _wait(pid: int) -> int:
+    while True:
+        try:
+            return os.waitpid(pid, 0)[1]
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return 0
 
-        sys.stderr.write(f"triage: internal error while {doing} (TRIAGE_DEBUG is set):\n")
-        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-        sys.stderr.flush()
-        os._exit(70)
-    sys.stderr.write(f"triage: internal error while {doing}: {type(exc).__name__}: {exc} (TRIAGE_DEBUG=1 for details)\n")
+
+def _internal_error(exc: BaseException, doing: str) -> None:
+    """One line on stderr (the whole traceback and exit status 70 under TRIAGE_DEBUG); never raises."""
+    try:
+        if os.environ.get("TRIAGE_DEBUG"):
+            import traceback
+
+            sys.stderr.write(f"triage: internal error while {doing} (TRIAGE_DEBUG is set):\n")
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(70)
+        sys.stderr.write(f"triage: internal error while {doing}: {type(exc).__name__}: {exc} (TRIAGE_DEBUG=1 for details)\n")
+    except Exception:
+        pass
