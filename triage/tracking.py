@@ -25,6 +25,7 @@ class Tracker:
     batch_index: int | None = None
     batches_seen: int = 0
     steps: int = 0
+    iterators: int = 0
     last_loss: Any = None
     last_progress: float = field(default_factory=time.monotonic)
     listeners: list[Callable[[str, int], None]] = field(default_factory=list)
@@ -37,6 +38,13 @@ class Tracker:
         if loader is not None:
             self.loader = loader
         self._progress("batch", self.batches_seen)
+
+    def on_iter(self, loader: Any = None) -> None:
+        """Iteration over a DataLoader began (an epoch, or a validation pass): batches are now expected."""
+        self.iterators += 1
+        if loader is not None:
+            self.loader = loader
+        self._progress("iter", self.iterators)
 
     def on_step(self, optimizer: Any = None) -> None:
         """An optimizer step finished."""

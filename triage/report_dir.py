@@ -1,0 +1,173 @@
+"""Write one incident's report folder: report.json (the DESIGN.md contract), report.md and raw artifacts.
+
+The default folder is `./triage-reports/<time>-<script>/`, always a new one;
+with `--report-dir DIR` the first incident of a run goes to DIR and any later
+one of the same run (a thread's exception, then the main one) to `DIR-2`, ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from .diagnosis import Report
+from .incident import Frame
+from .render import to_markdown
+
+DEFAULT_ROOT = "triage-reports"
+MAX_FOLDERS = 1000
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def folder_name(label: str, when: float) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
+    return f"{stamp}-{_UNSAFE.sub('_', label).strip('_') or 'script'}"
+
+
+def claim_folder(*, explicit: str | None, root: str, label: str, run_id: str, when: float | None = None) -> Path:
+    """A folder no other incident of this run (nor, by default, any other run) writes into."""
+    when = time.time() if when is None else when
+    if explicit:
+        base = Path(explicit)
+        for number in range(1, MAX_FOLDERS):
+            candidate = base if number == 1 else base.with_name(f"{base.name}-{number}")
+            candidate.mkdir(parents=True, exist_ok=True)
+            marker = candidate / f".triage-run-{run_id}"
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            except FileExistsError:
+                continue
+            for stale in candidate.glob(".triage-run-*"):
+                if stale != marker:
+                    stale.unlink(missing_ok=True)
+            return candidate
+        raise OSError(f"no free report folder next to {base}")
+    base = Path(root) / folder_name(label, when)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for number in range(1, MAX_FOLDERS):
+        candidate = base if number == 1 else base.with_name(f"{base.name}-{number}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise OSError(f"no free report folder in {base.parent}")
+
+
+def write_report(
+    report: Report,
+    folder: Path,
+    *,
+    run: dict[str, Any] | None = None,
+    timings: dict[str, float] | None = None,
+    texts: dict[str, str] | None = None,
+    json_copy: str | None = None,
+) -> dict[str, str]:
+    """Write report.json, report.md and `texts` (name -> content) into `folder`; returns the artifact paths."""
+    artifacts = dict(report.artifacts)
+    for name, content in (texts or {}).items():
+        path = folder / name
+        path.write_text(content, encoding="utf-8", errors="replace")
+        artifacts[name.rsplit(".", 1)[0]] = str(path)
+    md_path = folder / "report.md"
+    json_path = folder / "report.json"
+    artifacts["report_md"] = str(md_path)
+    artifacts["report_json"] = str(json_path)
+    report.artifacts = artifacts
+    md_path.write_text(to_markdown(report) + live_state_markdown(report), encoding="utf-8")
+    data = report.to_dict()
+    if run:
+        data["run"] = run
+    if timings:
+        data["timings"] = {name: round(value, 4) for name, value in timings.items()}
+    text = json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n"
+    json_path.write_text(text, encoding="utf-8")
+    if json_copy:
+        Path(json_copy).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_copy).write_text(text, encoding="utf-8")
+    return artifacts
+
+
+def live_state_markdown(report: Report) -> str:
+    """What the live capture saw: progress, model, loader, optimizer, locals, stacks, environment."""
+    incident = report.incident
+    facts = incident.facts
+    lines: list[str] = ["", "## Live state", ""]
+    progress = facts.get("progress") or facts.get("last_state")
+    if progress:
+        lines.append("**Progress:** " + ", ".join(_state_item(key, value) for key, value in progress.items()))
+    for key, label in (("model", "Model"), ("loader", "DataLoader"), ("optimizer", "Optimizer"), ("batch", "Last batch")):
+        value = facts.get(key)
+        if isinstance(value, dict) and value.get("text"):
+            lines.append(f"**{label}:** `{value['text']}`")
+    module = facts.get("module")
+    if isinstance(module, dict):
+        name = module.get("name")
+        where = f"`{name}` ({module.get('class')})" if name else module.get("class")
+        inputs = ", ".join(f"`{text}`" for text in module.get("inputs", []))
+        lines.append(f"**Failing module:** {where}" + (f" called with {inputs}" if inputs else ""))
+    for outlier in facts.get("device_outliers", []):
+        lines.append(f"- {outlier}")
+    for line in facts.get("hang_summary", []):
+        lines.append(f"- {line}")
+    if len(lines) == 3:
+        lines.pop()
+    frames_with_locals = [
+        frame for exc in incident.exceptions for frame in exc.frames if frame.locals
+    ]
+    if frames_with_locals:
+        lines += ["", "### Locals of your frames", ""]
+        for frame in frames_with_locals:
+            lines.append(f"`{frame.where}`")
+            lines.append("")
+            for name, summary in frame.locals.items():
+                text = summary.get("text", "") if isinstance(summary, dict) else str(summary)
+                lines.append(f"- `{name}`: `{text}`")
+            lines.append("")
+    if incident.kind in ("hang", "hard-crash"):
+        lines += _stacks_markdown(incident.exceptions)
+    if incident.log_lines:
+        lines += ["", "### Log lines", "", "```"] + incident.log_lines[-40:] + ["```"]
+    lines += ["", "### Environment", ""]
+    env = report.environment or incident.environment
+    versions = ", ".join(f"{key} {env[key]}" for key in ("python", "torch", "cuda", "cudnn", "numpy") if env.get(key))
+    lines.append(f"- {versions or 'unknown'}")
+    for gpu in env.get("gpus", []) or []:
+        lines.append(f"- GPU {gpu.get('index')}: {gpu.get('name')} ({_gib(gpu.get('total_memory'))} total, {_gib(gpu.get('allocated'))} allocated)")
+    for name, value in (env.get("env") or {}).items():
+        lines.append(f"- `{name}={value}`")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _stacks_markdown(exceptions) -> list[str]:
+    """Each stack as a traceback ending in its `Hang:` / `Fatal Python error:` line, so a pasted report parses back."""
+    lines = ["", "### Stacks", ""]
+    for exc in exceptions:
+        lines.append("```")
+        lines.append("Traceback (most recent call last):")
+        lines += [_frame_line(frame) for frame in exc.frames]
+        lines.append(exc.headline if exc.type else "(no exception line)")
+        lines.append("```")
+        lines.append("")
+    return lines
+
+
+def _frame_line(frame: Frame) -> str:
+    code = f"\n    {frame.code}" if frame.code else ""
+    return f'  File "{frame.file}", line {frame.line}, in {frame.function}{code}'
+
+
+def _state_item(key: str, value) -> str:
+    if key.endswith("_bytes") and isinstance(value, (int, float)):
+        return f"{key[:-6].replace('_', ' ')} {_gib(value)}"
+    if key.startswith("seconds_") and isinstance(value, (int, float)):
+        return f"{value:g} s {key[8:].replace('_', ' ')}"
+    return f"{key.replace('_', ' ')} {value}"
+
+
+def _gib(value) -> str:
+    return f"{value / 2**30:.1f} GiB" if isinstance(value, (int, float)) else "?"

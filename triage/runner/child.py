@@ -1,0 +1,387 @@
+"""The child side of the runner: run the script as plain `python` would, and triage what kills it while it is alive.
+
+The child is forked from the supervising parent, so it starts with no second
+interpreter start-up. It makes `sys.argv`, `sys.path[0]`, `__main__` and the
+exit status what `python SCRIPT` gives, prints the original traceback without
+runpy or triage frames, and only then captures, diagnoses and reports.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import marshal
+import os
+import signal
+import sys
+import threading
+import time
+import types
+from typing import Any, NoReturn
+
+from ..tracking import TRACKER
+from .channel import CRASH_DUMP, DUMP_SIGNAL, PHASE_EXITING, PHASE_TRIAGING, STACK_DUMP, STATUS, WORKERS, Channel
+from .cli import interpreter_argv
+from .hooks import Heartbeat, TorchHooks, TorchImportWatcher, WarningRecorder
+
+EXIT_INTERNAL_DEBUG = 70
+
+
+class Session:
+    """Triage's state inside the child: heartbeat, crash files, hooks and the reporter."""
+
+    def __init__(self, channel: Channel, config: dict[str, Any]) -> None:
+        self.channel = channel
+        self.config = config
+        self.pid = os.getpid()
+        self._reporter = None
+        self.heartbeat: Heartbeat | None = None
+        self.warnings = WarningRecorder()
+        self.debug = bool(os.environ.get("TRIAGE_DEBUG"))
+        self._said: set[str] = set()
+        self._files: list = []
+        self.handled: str | None = None
+
+    def start(self) -> None:
+        self.heartbeat = Heartbeat(self.channel)
+        TRACKER.listeners.append(self.heartbeat.on_progress)
+        # faulthandler writes from the signal handler to files opened now; forked workers inherit them.
+        crash = open(self.channel.file(CRASH_DUMP), "a", encoding="utf-8")
+        stacks = open(self.channel.file(STACK_DUMP), "a", encoding="utf-8")
+        self._files += [crash, stacks]
+        faulthandler.enable(file=crash, all_threads=True)
+        faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True, chain=False)
+        self._install_thread_hook()
+        self.warnings.install()
+        TorchImportWatcher(self._torch_imported).install()
+
+    @property
+    def reporter(self):
+        if self._reporter is None:  # imported on the first incident: a run that succeeds never pays for it
+            from .pipeline import Reporter
+
+            self._reporter = Reporter(self.config)
+        return self._reporter
+
+    def begin_user_code(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.start()
+
+    def set_phase(self, phase: int) -> None:
+        """Leaving user code: what follows (a report, the interpreter's exit) is not the run hanging."""
+        if self.heartbeat is not None and os.getpid() == self.pid:
+            try:
+                self.heartbeat.set_phase(phase)
+            except Exception:
+                pass
+
+    def _torch_imported(self) -> None:
+        try:
+            TorchHooks(TRACKER, self.heartbeat, self.channel, lambda exc: self.internal_error(exc, "tracking progress")).install()
+        except Exception as exc:
+            self.internal_error(exc, "installing the progress hooks")
+
+    def _install_thread_hook(self) -> None:
+        previous = threading.excepthook
+        session = self
+
+        def excepthook(args) -> None:
+            previous(args)
+            if args.exc_type is SystemExit or args.exc_value is None:
+                return
+            thread = args.thread.name if args.thread is not None else "unknown"
+            session.report_exception(args.exc_value, args.exc_traceback, thread_name=thread, exit_code=None)
+
+        threading.excepthook = excepthook
+
+    def report_exception(self, exc: BaseException, tb, *, thread_name: str | None = None, exit_code: int | None = 1) -> None:
+        """Capture → diagnose → probes → report folder → summary. Never raises (outside TRIAGE_DEBUG)."""
+        if os.getpid() != self.pid:
+            return  # a forked copy of the script (os.fork) is not the run being triaged
+        try:
+            started = time.monotonic()
+            from ..capture.live import capture_exception
+
+            dead = self._dead_workers()
+            log_lines = list(self.warnings.lines) + self._worker_crash_lines() + [line for _, line in dead]
+            live = capture_exception(exc, tb, tracker=TRACKER, thread_name=thread_name, exit_code=exit_code, log_lines=log_lines)
+            if dead:
+                live.incident.facts["dead_workers"] = [info for info, _ in dead]
+            timings = {"capture_s": time.monotonic() - started}
+            self.reporter.handle(live.incident, live=live, timings=timings)
+            timings["total_s"] = time.monotonic() - started
+            self.handled = "exception"
+            self.write_status()
+        except KeyboardInterrupt:
+            pass  # Ctrl-C during the report: the user wants out, with the script's own exit status
+        except Exception as error:
+            self.internal_error(error, "triaging the exception")
+
+    def _dead_workers(self) -> list[tuple[dict, str]]:
+        """DataLoader workers that already died, and how (read without reaping them, as torch's own check does).
+
+        A worker killed mid-batch often surfaces first as a ConnectionResetError
+        in the main process; torch's SIGCHLD check, which names the signal, may
+        not have run yet. The line is torch's wording for the same event.
+        """
+        workers = self.channel.read_json(WORKERS) or {}
+        found = []
+        for pid_text, info in workers.items():
+            try:
+                status = os.waitid(os.P_PID, int(pid_text), os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except (ChildProcessError, OSError, ValueError):
+                continue
+            if status is None:
+                continue
+            worker = {"worker": info.get("worker"), "pid": int(pid_text)}
+            if status.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+                try:
+                    worker["signal"] = signal.Signals(status.si_status).name
+                except ValueError:
+                    worker["signal"] = str(status.si_status)
+                line = f"DataLoader worker (pid {pid_text}) is killed by signal: {signal.strsignal(status.si_status)}. "
+            elif status.si_status:
+                worker["exit_code"] = status.si_status
+                line = f"DataLoader worker (pid {pid_text}) exited unexpectedly with exit code {status.si_status}."
+            else:
+                continue
+            found.append((worker, line))
+        return found
+
+    def _worker_crash_lines(self) -> list[str]:
+        """faulthandler output from DataLoader workers that died of a fatal signal (they share the crash file)."""
+        text = self.channel.read_text(CRASH_DUMP, limit=64 * 1024)
+        return [line for line in text.splitlines() if line.strip()][:200]
+
+    def write_status(self) -> None:
+        try:
+            reports = self._reporter.folders if self._reporter is not None else []
+            self.channel.write_json(STATUS, {"handled": self.handled, "reports": reports})
+        except OSError:
+            pass
+
+    def internal_error(self, exc: BaseException, doing: str) -> None:
+        """Triage failed: one line (or, under TRIAGE_DEBUG, the whole traceback and exit status 70)."""
+        if self.debug:
+            import traceback
+
+            sys.stderr.write(f"triage: internal error while {doing} (TRIAGE_DEBUG is set):\n")
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(EXIT_INTERNAL_DEBUG)
+        if doing in self._said:
+            return
+        self._said.add(doing)
+        try:
+            sys.stderr.write(
+                f"triage: internal error while {doing}: {type(exc).__name__}: {exc} (TRIAGE_DEBUG=1 for details)\n"
+            )
+            sys.stderr.flush()
+        except Exception:
+            pass
+
+
+def run_child(target: str, module: bool, args: list[str], channel: Channel, config: dict[str, Any]) -> NoReturn:
+    """Run the script in this (forked) process and end it the way plain python would."""
+    session: Session | None = Session(channel, config)
+    try:
+        session.start()
+    except Exception as exc:
+        session.internal_error(exc, "starting")
+        session = None
+    _prepare_main(target, module, args)
+    if session is not None:
+        session.begin_user_code()
+    try:
+        if module:
+            _run_module(target)
+        else:
+            _run_path(target)
+    except SystemExit:
+        if session is not None:
+            session.set_phase(PHASE_EXITING)
+        raise
+    except KeyboardInterrupt as exc:
+        _defer_python_signal_handlers()
+        if session is not None:
+            session.set_phase(PHASE_EXITING)
+        _die_interrupted(exc, session)
+    except BaseException as exc:
+        _defer_python_signal_handlers()
+        if session is not None:
+            session.set_phase(PHASE_TRIAGING)
+        _exit_failed(exc, session)
+    if session is not None:
+        session.set_phase(PHASE_EXITING)
+    raise SystemExit(0)
+
+
+def _defer_python_signal_handlers() -> None:
+    """Keep signals whose handlers are Python code pending while the exception is printed and triaged.
+
+    Such a handler can raise at any bytecode: torch's SIGCHLD handler raises
+    "DataLoader worker (pid N) is killed by signal" again when a second worker
+    dies. The process is ending with the script's own exception, so they stay
+    pending until it exits.
+    """
+    try:
+        deferred = {
+            number for number in signal.valid_signals()
+            if number not in (signal.SIGINT, signal.SIGKILL, signal.SIGSTOP) and callable(signal.getsignal(number))
+        }  # fmt: skip
+        if deferred:
+            signal.pthread_sigmask(signal.SIG_BLOCK, deferred)
+    except (OSError, ValueError):
+        pass
+
+
+def _prepare_main(target: str, module: bool, args: list[str]) -> None:
+    """sys.argv, sys.path[0] and sys.orig_argv as `python SCRIPT ARGS` / `python -m MODULE ARGS` set them."""
+    interpreter = interpreter_argv()
+    if module:
+        sys.argv = ["-m", *args]  # runpy puts the module's file in argv[0], as `python -m` does
+        path0 = os.getcwd()
+        sys.orig_argv = [*interpreter, "-m", target, *args]
+    else:
+        sys.argv = [target, *args]
+        path0 = os.path.realpath(target) if os.path.isdir(target) or _is_zip(target) else os.path.dirname(os.path.realpath(target))
+        sys.orig_argv = [*interpreter, target, *args]
+    if not sys.flags.safe_path:
+        if sys.path:
+            sys.path[0] = path0
+        else:
+            sys.path.insert(0, path0)
+
+
+def _is_zip(path: str) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+    except OSError:
+        return False
+    if head == b"PK\x03\x04":
+        return True
+    if path.endswith((".zip", ".pyz")):
+        import zipfile
+
+        return zipfile.is_zipfile(path)
+    return False
+
+
+def _fresh_main() -> types.ModuleType:
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = sys.modules["builtins"]
+    main.__dict__["__annotations__"] = {}
+    sys.modules["__main__"] = main
+    return main
+
+
+def _run_module(name: str) -> None:
+    import runpy
+
+    _fresh_main()
+    runpy._run_module_as_main(name, alter_argv=True)
+
+
+def _run_path(target: str) -> None:
+    if os.path.isdir(target) or _is_zip(target):
+        # `python DIR` and `python APP.zip` run DIR/__main__.py through runpy with DIR on sys.path.
+        import runpy
+
+        _fresh_main()
+        runpy._run_module_as_main("__main__", alter_argv=False)
+        return
+    path = os.path.abspath(target)
+    try:
+        with open(path, "rb") as handle:
+            source = handle.read()
+    except OSError as exc:
+        sys.stderr.write(f"{sys.executable}: can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}\n")
+        raise SystemExit(2) from None
+    main = _fresh_main()
+    main.__dict__["__file__"] = path
+    main.__dict__["__cached__"] = None
+    from importlib.util import MAGIC_NUMBER
+
+    if source[:4] == MAGIC_NUMBER:
+        from importlib.machinery import SourcelessFileLoader
+
+        main.__dict__["__loader__"] = SourcelessFileLoader("__main__", path)
+        code = marshal.loads(source[16:])
+    else:
+        from importlib.machinery import SourceFileLoader
+
+        main.__dict__["__loader__"] = SourceFileLoader("__main__", path)
+        code = compile(source, path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
+
+
+def _show_exception(exc: BaseException, tb) -> None:
+    """Print the exception through sys.excepthook, as the interpreter does for an uncaught one."""
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
+    hook = sys.excepthook
+    try:
+        hook(type(exc), exc, tb)
+    except BaseException as hook_error:
+        sys.stderr.write("Error in sys.excepthook:\n")
+        sys.__excepthook__(type(hook_error), hook_error, hook_error.__traceback__)
+        sys.stderr.write("\nOriginal exception was:\n")
+        sys.__excepthook__(type(exc), exc, tb)
+    try:
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def _hide_runner_frames(exc: BaseException):
+    """Drop runpy and triage frames from every traceback of the chain: the interpreter prints those.
+
+    The exception is about to end the process, so nothing else will see the
+    shortened tracebacks; CPython's excepthook prints the traceback stored on
+    the exception, not the one it is passed.
+    """
+    from ..capture.frames import user_traceback
+    from ..capture.live import exception_chain
+
+    for member, _link in exception_chain(exc):
+        member.__traceback__ = user_traceback(member.__traceback__)
+    return exc.__traceback__
+
+
+def _exit_failed(exc: BaseException, session: Session | None) -> NoReturn:
+    try:
+        tb = _hide_runner_frames(exc)
+    except BaseException:
+        tb = exc.__traceback__
+    try:
+        _show_exception(exc, tb)
+    except BaseException:
+        pass
+    if session is not None:
+        session.report_exception(exc, tb)
+        session.set_phase(PHASE_EXITING)
+    raise SystemExit(1)
+
+
+def _die_interrupted(exc: KeyboardInterrupt, session: Session | None) -> NoReturn:
+    """Like CPython after an uncaught KeyboardInterrupt: finalize, then die of SIGINT (the shell shows 130)."""
+    try:
+        _show_exception(exc, _hide_runner_frames(exc))
+    except BaseException:
+        pass
+    if session is not None:
+        session.handled = "interrupt"
+        session.write_status()
+    for step in (threading._shutdown, atexit._run_exitfuncs):  # what Py_FinalizeEx does first
+        try:
+            step()
+        except BaseException:
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    os._exit(130)

@@ -1,0 +1,283 @@
+"""Automatic progress hooks in the child: DataLoader iteration and optimizer steps feed the Tracker and the heartbeat.
+
+Nothing imports torch here: a watcher on `sys.meta_path` installs the torch
+hooks right after the script's own `import torch` finishes, so a script that
+never imports torch pays nothing. Per batch the cost is one wrapper call, a
+weak-dictionary lookup and a struct write into a shared memory map; memory is
+sampled at most once a second.
+"""
+
+from __future__ import annotations
+
+import functools
+import mmap
+import os
+import sys
+import threading
+import time
+import warnings
+import weakref
+from collections import deque
+from typing import Any, Callable
+
+from .channel import ENVIRONMENT, HEARTBEAT, HEARTBEAT_SIZE, PHASE_RUNNING, WORKERS, Beat, Channel
+
+SAMPLE_SECONDS = 0.25
+MAX_WARNINGS = 20
+MAX_WORKER_ENTRIES = 256
+
+
+class Heartbeat:
+    """The child's side of the heartbeat: counters in a shared memory map the parent reads."""
+
+    def __init__(self, channel: Channel) -> None:
+        fd = os.open(channel.file(HEARTBEAT), os.O_RDWR)
+        try:
+            self._map = mmap.mmap(fd, HEARTBEAT_SIZE)
+        finally:
+            os.close(fd)
+        self.beat = Beat(main_thread=threading.main_thread().ident or 0)
+        self._next_sample = 0.0
+        self._active = True
+        self._statm = _open_statm()
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        # Forked DataLoader workers inherit the tracker and this object; only the child itself writes.
+        os.register_at_fork(after_in_child=self._silence)
+
+    def _silence(self) -> None:
+        self._active = False
+
+    def start(self) -> None:
+        """User code is about to run."""
+        self.beat.started_pid = os.getpid()
+        self.beat.phase = PHASE_RUNNING
+        self._sample(time.time())
+        self.write()
+
+    def set_phase(self, phase: int) -> None:
+        self.beat.phase = phase
+        self.write()
+
+    def on_progress(self, what: str, count: int) -> None:
+        """Tracker listener: a batch, a step or a new iterator."""
+        if not self._active:
+            return
+        beat = self.beat
+        beat.seq += 1
+        if what == "batch":
+            beat.batches = count
+        elif what == "step":
+            beat.steps = count
+        elif what == "iter":
+            beat.iterators = count
+        now = time.time()
+        beat.progress_time = now
+        if now >= self._next_sample:
+            self._sample(now)
+        beat.pack_into(self._map)
+
+    def write(self) -> None:
+        if self._active:
+            self.beat.pack_into(self._map)
+
+    def _sample(self, now: float) -> None:
+        self._next_sample = now + SAMPLE_SECONDS
+        beat = self.beat
+        beat.sample_time = now
+        if self._statm is not None:
+            try:
+                resident = int(os.pread(self._statm, 64, 0).split()[1]) * self._page
+                beat.rss = resident
+                beat.peak_rss = max(beat.peak_rss, resident)
+            except (OSError, ValueError, IndexError):
+                pass
+        torch = sys.modules.get("torch")
+        cuda = getattr(torch, "cuda", None)
+        if cuda is not None and _attempt(cuda.is_initialized, False):
+            # Allocator statistics are host-side counters: no sync, no kernel.
+            beat.gpu_allocated = _attempt(cuda.memory_allocated, 0) or 0
+            beat.gpu_reserved = _attempt(cuda.memory_reserved, 0) or 0
+
+
+def _open_statm() -> int | None:
+    try:
+        return os.open("/proc/self/statm", os.O_RDONLY)
+    except OSError:
+        return None
+
+
+class TorchImportWatcher:
+    """A meta-path finder that runs `callback` once, right after `import torch` completes."""
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self._callback = callback
+
+    def install(self) -> None:
+        if "torch" in sys.modules:
+            self._callback()
+        else:
+            sys.meta_path.insert(0, self)
+
+    def remove(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        if fullname != "torch":
+            return None
+        self.remove()
+        spec = None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+        loader = getattr(spec, "loader", None)
+        original = getattr(loader, "exec_module", None)
+        if original is None:
+            return spec
+        callback = self._callback
+
+        def exec_module(module):
+            try:
+                original(module)
+            finally:
+                try:
+                    del loader.exec_module  # the loader is torch's own again
+                except AttributeError:
+                    pass
+            callback()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+class TorchHooks:
+    """DataLoader and optimizer hooks feeding `tracker`, the heartbeat and the worker map."""
+
+    def __init__(self, tracker, heartbeat: Heartbeat | None, channel: Channel | None, on_error: Callable[[BaseException], None]) -> None:
+        self.tracker = tracker
+        self.heartbeat = heartbeat
+        self.channel = channel
+        self.on_error = on_error
+        self._loaders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._workers: dict[str, dict[str, int]] = {}
+        self.installed = False
+
+    def install(self) -> None:
+        import torch
+        import torch.utils.data.dataloader as dataloader
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._wrap_iteration(dataloader)
+        tracker = self.tracker
+
+        def step_finished(optimizer, args, kwargs) -> None:
+            tracker.on_step(optimizer)
+
+        self._step_handle = register_optimizer_step_post_hook(step_finished)
+        self.installed = True
+        if self.channel is not None:
+            from ..capture.environment import torch_versions
+
+            self.channel.write_json(ENVIRONMENT, torch_versions(torch))
+
+    def _wrap_iteration(self, dataloader) -> None:
+        base = dataloader._BaseDataLoaderIter
+        loader_class = dataloader.DataLoader
+        original_next = base.__next__
+        original_iter = loader_class.__iter__
+        loaders = self._loaders
+        tracker = self.tracker
+        heartbeat = self.heartbeat
+        on_error = self.on_error
+        hooks = self
+
+        @functools.wraps(original_next)
+        def __next__(self):
+            batch = original_next(self)
+            try:
+                if heartbeat is not None:
+                    beat = heartbeat.beat
+                    beat.epoch_batches = self._num_yielded
+                    beat.awaited_worker = _awaited_worker(self)
+                tracker.on_batch(batch, loaders.get(self))
+            except Exception as exc:
+                on_error(exc)
+            return batch
+
+        @functools.wraps(original_iter)
+        def __iter__(self):
+            iterator = original_iter(self)
+            try:
+                loaders[iterator] = self
+                if heartbeat is not None:
+                    heartbeat.beat.epoch_batches = getattr(iterator, "_num_yielded", 0)
+                    heartbeat.beat.awaited_worker = _awaited_worker(iterator)
+                hooks._record_workers(iterator)
+                tracker.on_iter(self)
+            except Exception as exc:
+                on_error(exc)
+            return iterator
+
+        base.__next__ = __next__
+        loader_class.__iter__ = __iter__
+
+    def _record_workers(self, iterator) -> None:
+        """Worker pid -> worker id, so the parent can name the worker whose stack it reads."""
+        workers = getattr(iterator, "_workers", None)
+        if not workers or self.channel is None:
+            return
+        changed = False
+        for worker_id, process in enumerate(workers):
+            pid = getattr(process, "pid", None)
+            if pid is not None and str(pid) not in self._workers:
+                self._workers[str(pid)] = {"worker": worker_id, "iterator": self.tracker.iterators + 1}
+                changed = True
+        if changed:
+            while len(self._workers) > MAX_WORKER_ENTRIES:
+                self._workers.pop(next(iter(self._workers)))
+            self.channel.write_json(WORKERS, self._workers)
+
+
+def _awaited_worker(iterator) -> int:
+    """The worker that owns the next batch the main process will wait for (-1 when unknown)."""
+    task_info = getattr(iterator, "_task_info", None)
+    if not task_info:
+        return -1
+    info = task_info.get(getattr(iterator, "_rcvd_idx", -1))
+    return info[0] if info else -1
+
+
+class WarningRecorder:
+    """Keeps the last warnings shown (they often name the real problem) and shows them as before."""
+
+    def __init__(self) -> None:
+        self.lines: deque[str] = deque(maxlen=MAX_WARNINGS)
+        self._original = None
+
+    def install(self) -> None:
+        self._original = warnings.showwarning
+        original = self._original
+        lines = self.lines
+
+        @functools.wraps(original)
+        def showwarning(message, category, filename, lineno, file=None, line=None):
+            try:
+                lines.append(f"{filename}:{lineno}: {getattr(category, '__name__', category)}: {message}"[:1000])
+            except Exception:
+                pass
+            return original(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = showwarning
+
+
+def _attempt(call, default: Any = None) -> Any:
+    try:
+        return call()
+    except Exception:
+        return default

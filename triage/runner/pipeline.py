@@ -1,0 +1,144 @@
+"""The incident pipeline shared by child and parent: match → probes → report folder → short summary on stderr."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from ..diagnosis import Report
+from ..incident import Incident
+
+PROBE_RUNNER = "triage.probes.runner"
+
+
+class Reporter:
+    """Turns Incidents into report folders for one run; the knowledge base is loaded once, on first use."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self._kb = None
+        self.folders: list[str] = []
+
+    def knowledge_base(self):
+        if self._kb is None:
+            from ..kb import load_knowledge_base
+
+            self._kb = load_knowledge_base([Path(p) for p in self.config.get("rules") or []])
+        return self._kb
+
+    def handle(
+        self,
+        incident: Incident,
+        *,
+        live: Any = None,
+        stream: IO[str] | None = None,
+        texts: dict[str, str] | None = None,
+        lead_in: str | None = None,
+        timings: dict[str, float] | None = None,
+    ) -> Path:
+        """Diagnose, run probes (live incidents), write the folder, print the summary; returns the folder."""
+        from ..kb import diagnose
+        from ..report_dir import claim_folder, write_report
+
+        timings = dict(timings or {})
+        started = time.monotonic()
+        kb = self.knowledge_base()
+        warnings = [f"rule skipped: {problem}" for problem in kb.problems]
+        diagnoses = diagnose(incident, kb, warnings)
+        if diagnoses and diagnoses[0].exception_index is not None:
+            # The exception the leading diagnosis explains is the root cause the report shows.
+            chosen = incident.exceptions[diagnoses[0].exception_index]
+            incident.exception = chosen
+            incident.worker = chosen.worker if chosen.worker is not None else incident.worker
+            incident.rank = chosen.rank if chosen.rank is not None else incident.rank
+        timings["diagnose_s"] = time.monotonic() - started
+        report = Report(source="run", incident=incident, diagnoses=diagnoses, environment=incident.environment, warnings=warnings)
+        folder = claim_folder(
+            explicit=self.config.get("report_dir"),
+            root=self.config.get("report_root") or os.path.join(os.getcwd(), "triage-reports"),
+            label=self.config.get("label") or "script",
+            run_id=self.config.get("run_id") or str(os.getpid()),
+        )
+        if live is not None and self.config.get("probes", True):
+            started = time.monotonic()
+            self._run_probes(report, live, folder)
+            timings["probes_s"] = time.monotonic() - started
+        started = time.monotonic()
+        write_report(
+            report, folder, run=self.run_info(), timings=timings, texts=texts, json_copy=self.config.get("json"),
+        )  # fmt: skip
+        timings["report_s"] = time.monotonic() - started
+        self.folders.append(str(folder))
+        self.print_summary(report, folder, stream or sys.stderr, lead_in)
+        return folder
+
+    def run_info(self) -> dict[str, Any]:
+        from ..capture.secrets import scrub_argv
+
+        return {
+            "target": self.config.get("target"),
+            "module": bool(self.config.get("module")),
+            "argv": scrub_argv(list(self.config.get("args") or [])),
+            "cwd": self.config.get("cwd"),
+            "pid": self.config.get("child_pid") or os.getpid(),
+            "python": sys.executable,
+        }
+
+    def _run_probes(self, report: Report, live: Any, folder: Path) -> None:
+        if importlib.util.find_spec(PROBE_RUNNER) is None:
+            return  # the probes land in another change; until then the report has none
+        from ..probes.context import ProbeContext
+        from ..probes.runner import run_probes  # type: ignore[import-not-found]
+
+        context = ProbeContext(
+            incident=report.incident,
+            report_dir=folder,
+            exception=live.exception,
+            model=live.model,
+            module=live.module,
+            module_name=live.module_name,
+            module_args=live.module_args,
+            module_kwargs=live.module_kwargs,
+            batch=live.batch,
+            batch_index=live.batch_index,
+            step=live.step,
+            loader=live.loader,
+            optimizer=live.optimizer,
+            loss_fn=live.loss_fn,
+            script=self.config.get("target"),
+            script_args=list(self.config.get("args") or []),
+        )
+        try:
+            ranked = run_probes(report.diagnoses, context)
+        except Exception as exc:
+            if os.environ.get("TRIAGE_DEBUG"):
+                raise
+            report.warnings.append(f"probes failed: {type(exc).__name__}: {exc}")
+            return
+        if isinstance(ranked, list):
+            report.diagnoses = ranked
+
+    def print_summary(self, report: Report, folder: Path, stream: IO[str], lead_in: str | None) -> None:
+        from ..render import to_terminal
+
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+        stream.write("\n")
+        if lead_in:
+            stream.write(lead_in.rstrip("\n") + "\n")
+        to_terminal(report, stream)
+        stream.write(f"triage: report written to {_shown(folder / 'report.md')}\n")
+        stream.flush()
+
+
+def _shown(path: Path) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return str(path)
