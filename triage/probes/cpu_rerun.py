@@ -96,18 +96,19 @@ def _raised(ctx: ProbeContext, step: Step, c: Call, exc: Exception, poisoned: bo
 def _clean(ctx: ProbeContext, step: Step, poisoned: bool, ran: list[str], notes: list[str],
            missing: list[str]) -> ProbeResult:
     category = getattr(ctx.diagnosis, "category", None)
-    what = " and ".join(ran) or "nothing"
+    what = {("model",): "the model runs", ("model", "loss"): "the model and the loss run",
+            ("failing call",): "the failing call runs"}.get(tuple(ran), " and ".join(ran) + " run")
     facts = dict(replayed=ran, inputs=notes, missing_inputs=missing)
     if not ran:
         return result(NAME, "skipped", "; ".join(notes) or "nothing could be replayed", **facts)
     if category == "device":
-        return result(NAME, "confirmed", f"with every tensor on the CPU the {what} run without error: "
+        return result(NAME, "confirmed", f"with every tensor on the CPU {what} without error: "
                       "the failure comes from where the tensors are, not from their values", **facts)
     if missing:
-        return result(NAME, "inconclusive", f"the {what} run without error on the CPU, but integer inputs "
+        return result(NAME, "inconclusive", f"{what} without error on the CPU, but integer inputs "
                       f"{', '.join(missing)} could not be recovered from the device and were zeros", **facts)
     if poisoned:
-        return result(NAME, "refuted", f"the {what} run without error on CPU copies with the failing batch: "
+        return result(NAME, "refuted", f"{what} without error on CPU copies with the failing batch: "
                       "the CUDA error is not in this step's data or indexing", **facts)
-    return result(NAME, "inconclusive", f"the {what} run without error on CPU copies: the failure does not "
+    return result(NAME, "inconclusive", f"{what} without error on CPU copies: the failure does not "
                   "reproduce outside the original device and state", **facts)

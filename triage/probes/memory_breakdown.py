@@ -29,7 +29,7 @@ _SIZE = r"(?P<{}>[\d.]+)\s*(?P<{}_unit>[KMGT]i?B|B|bytes)"
 _PATTERNS = {
     "tried": [r"Tried to allocate " + _SIZE.format("tried", "tried"),
               r"you tried to allocate (?P<tried>\d+) (?P<tried_unit>bytes)"],
-    "capacity": [r"total capacity of " + _SIZE.format("capacity", "capacity"),
+    "capacity": [r"total capaci?ty of " + _SIZE.format("capacity", "capacity"),
                  _SIZE.format("capacity", "capacity") + r" total capacity",
                  r"max allowed: " + _SIZE.format("capacity", "capacity")],
     "free": [r"of which " + _SIZE.format("free", "free") + r" is free",

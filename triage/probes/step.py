@@ -82,11 +82,9 @@ def rebuild(ctx: ProbeContext, poisoned: bool, device: str = "cpu", with_failing
     names = module_names(ctx.model) if isinstance(ctx.model, nn.Module) else {}
     if isinstance(ctx.model, nn.Module):
         step.model = cpu_copy(ctx.model, poisoned, device=device)
+        args, kwargs, target = batch_parts(ctx, ctx.model.forward)
         if ctx.model_args is not None:
             args, kwargs = ctx.model_args, ctx.model_kwargs or {}
-            target = None
-        else:
-            args, kwargs, target = batch_parts(ctx, ctx.model.forward)
         if args is not None:
             inputs = cpu_inputs(args, kwargs, ctx.batch, poisoned)
             step.model_call = Call("model", step.model.module, _to_device(inputs, device))
