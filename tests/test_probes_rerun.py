@@ -96,7 +96,8 @@ def test_cpu_rerun_confirms_a_device_mismatch_by_running_cleanly_on_one_device()
     assert "device" in str(exc)
     ctx = dataclasses.replace(live_context(exc), diagnosis=diagnosis("device"))
     outcome = cpu_rerun(ctx)
-    assert outcome.status == "skipped" or outcome.status == "confirmed"
+    assert outcome.status == "confirmed"
+    assert outcome.detail.startswith("with every tensor on the CPU the model runs without error")
 
 
 def test_cpu_rerun_skips_without_a_live_model():

@@ -367,7 +367,7 @@ def cpu_copy(module: nn.Module, poisoned: bool, max_bytes: int = MAX_COPY_BYTES,
     if device == "meta":
         note = "shapes only (meta tensors)"
     elif zeros:
-        note = "weights unreadable after the CUDA error: zeros of the same shapes used"
+        note = "weights unreadable (after a CUDA error, or on the meta device): zeros of the same shapes used"
     else:
         note = "weights copied"
     return ModuleCopy(copied, not zeros and device != "meta", note)
