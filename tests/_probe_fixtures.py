@@ -94,6 +94,13 @@ def live_context(exc: BaseException, tracker: Tracker | None = None, report_dir:
     return context_from_failure(incident_from_exception(exc), exc, report_dir, tracker=tracker, time_limit_s=30)
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a, b) or (a.is_floating_point() and bool(torch.equal(a.isnan(), b.isnan()))
+                                 and bool(torch.equal(a.nan_to_num(), b.nan_to_num())))
+
+
 class StateGuard:
     """Snapshots what a probe must not change: RNG states, parameters, gradients, optimizer state, grad mode, files."""
 
@@ -132,12 +139,11 @@ class StateGuard:
             after = module.state_dict()
             assert after.keys() == before.keys()
             for key in before:
-                assert torch.equal(after[key], before[key]) or (
-                    after[key].is_floating_point() and torch.allclose(after[key], before[key], equal_nan=True)), key
+                assert _same(after[key], before[key]), key
             for p, g in zip(module.parameters(), grads):
                 assert (p.grad is None) == (g is None), "a gradient appeared or vanished"
                 if g is not None:
-                    assert torch.equal(p.grad, g) or torch.allclose(p.grad, g, equal_nan=True)
+                    assert _same(p.grad, g), "a gradient changed"
             assert [s.training for s in module.modules()] == training, "train/eval mode changed"
             assert [(len(s._forward_hooks), len(s._forward_pre_hooks)) for s in module.modules()] == hooks
         if self.optimizer is not None:
@@ -146,5 +152,5 @@ class StateGuard:
             for key, state in self.optim["state"].items():
                 for name, value in state.items():
                     other = after["state"][key][name]
-                    assert torch.equal(other, value) if isinstance(value, torch.Tensor) else other == value
+                    assert _same(other, value) if isinstance(value, torch.Tensor) else other == value, name
         assert self._files() == self.files, "files changed outside the report folder"

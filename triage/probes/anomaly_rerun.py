@@ -222,6 +222,8 @@ def _verdict(ctx: ProbeContext, step: Step, seen: Observed) -> ProbeResult:
         forward = _forward_line(seen.anomaly_trace)
         if nan:
             parts = []
+            if seen.nonfinite_params:
+                parts.append(f"parameters already non-finite before the step: {', '.join(seen.nonfinite_params[:5])}")
             if seen.first_op:
                 parts.append(f"first non-finite value in the forward pass: {seen.first_op}")
             if seen.first_module:

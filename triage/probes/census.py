@@ -31,6 +31,7 @@ class Entry:
     label: str  # "parameter `weight` of fc1 (Linear)"
     tensor: torch.Tensor
     kind: str  # parameter | buffer | attribute | input | optimizer state
+    hint: str = ""
 
     @property
     def device(self) -> str:
@@ -59,8 +60,9 @@ def model_entries(model: nn.Module | None) -> list[Entry]:
         for name, value in vars(module).items():
             if isinstance(value, torch.Tensor) and id(value) not in seen:
                 seen.add(id(value))
-                entries.append(Entry(f"attribute `{name}` of {owner} (a plain tensor attribute, which "
-                                     f".to() does not move: register it with register_buffer)", value, "attribute"))
+                entries.append(Entry(f"attribute `{name}` of {owner}", value, "attribute",
+                                     "a plain tensor attribute, which .to() does not move: register it with "
+                                     "self.register_buffer"))
     return entries
 
 
@@ -123,8 +125,8 @@ def _summary(counter: Counter, limit: int = 4) -> str:
 
 
 def _listed(entries: list[Entry], attr: str, limit: int = 4) -> str:
-    shown = "; ".join(f"{e.label} on {getattr(e, attr)}" if attr == "device" else f"{e.label} is {e.dtype}"
-                      for e in entries[:limit])
+    shown = "; ".join((f"{e.label} on {e.device}" if attr == "device" else f"{e.label} is {e.dtype}")
+                      + (f" ({e.hint})" if e.hint else "") for e in entries[:limit])
     more = f"; and {len(entries) - limit} more" if len(entries) > limit else ""
     return shown + more
 
