@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +105,12 @@ def _holdings(ctx: ProbeContext, device_type: str | None) -> Holdings:
 
 
 def _largest_live(device_type: str | None, names: dict[int, str], top: int = 5) -> list[str]:
+    with warnings.catch_warnings():  # isinstance() on some lazy module attributes warns about deprecations
+        warnings.simplefilter("ignore")
+        return _scan_live(device_type, names, top)
+
+
+def _scan_live(device_type: str | None, names: dict[int, str], top: int) -> list[str]:
     tensors: dict[tuple, tuple[int, str]] = {}
     for obj in gc.get_objects():
         try:
@@ -218,9 +225,14 @@ def _fixes(figures: dict[str, int], held: Holdings, batch: int | None) -> tuple[
     tried, capacity = figures.get("tried", 0), figures.get("capacity", 0)
     allocated = figures.get("allocated", 0)
     unallocated = figures.get("unallocated", max(figures.get("reserved", 0) - allocated, 0))
+    fragmented = None
     if unallocated and tried and unallocated >= tried:
-        fixes.append(f"memory is fragmented ({human(unallocated)} reserved but unallocated, more than the "
-                     f"{human(tried)} requested): set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+        fragmented = (f"memory is fragmented ({human(unallocated)} reserved but unallocated, more than the "
+                      f"{human(tried)} requested): set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    # Fragmentation leads only when the live tensors plus the request would fit: otherwise memory is really short.
+    shortage = bool(capacity) and allocated + tried > 0.95 * capacity
+    if fragmented and not shortage:
+        fixes.append(fragmented)
     if batch and capacity and tried:
         static = held.static if held.static else 0
         activations = allocated + tried - static
@@ -232,6 +244,8 @@ def _fixes(figures: dict[str, int], held: Holdings, batch: int | None) -> tuple[
                 fixes.append(f"reduce the batch from {batch} to about {max(fit, 1)} (activations ≈ "
                              f"{human(per_sample)} per sample) and accumulate gradients over {steps} steps to keep "
                              f"the effective batch size")
+    if fragmented and shortage:
+        fixes.append(fragmented)
     if held.dtype in (torch.float32, None):
         fixes.append("train in mixed precision (torch.autocast with bfloat16/float16): activations take half the memory")
     fixes.append("use activation checkpointing (torch.utils.checkpoint) on the largest blocks")
