@@ -25,6 +25,9 @@ from ._support import exception_line, innermost_user_frame, iter_tensors, preser
 from .context import ProbeContext
 
 NAME = "workers0_rerun"
+# A clean dataset is scanned for at most this long / this many batches; a bad sample is usually near the failing batch.
+SCAN_S = 15.0
+SCAN_BATCHES = 500
 _CAUGHT = re.compile(r"Caught (?P<type>\w+) in DataLoader worker process (?P<worker>\d+)")
 _WORKER_DEATH = re.compile(r"DataLoader worker \(pid.*\) (?:is killed|exited unexpectedly)|bus error|shared memory"
                            r"|shm", re.IGNORECASE)
@@ -78,7 +81,7 @@ def workers0_rerun(ctx: ProbeContext) -> ProbeResult:
     source = _source(ctx.loader)
     if source is None:
         return result(NAME, "skipped", "no live DataLoader: use `triage.track(loader)` or run under `python -m triage`")
-    limit = max(ctx.time_limit_s - 0.5, 0.5)
+    limit = max(min(ctx.time_limit_s - 0.5, SCAN_S), 0.5)
     block_s = min(10.0, max(limit / 3, 0.3))
     first_batch = (ctx.batch_index + 1) if ctx.batch_index is not None else 0
     scan = Scan()
@@ -124,7 +127,7 @@ def _fetch_mapped(source: Source, scan: Scan, first_batch: int) -> None:
     # Start at the batch the workers were producing, then go round from the beginning.
     order = order[first_batch:] + order[:first_batch]
     for indices in order:
-        if scan.stop:
+        if scan.stop or scan.batches >= SCAN_BATCHES:
             return
         batched = isinstance(indices, (list, tuple))
         samples = []
@@ -145,7 +148,7 @@ def _fetch_iterable(source: Source, scan: Scan) -> None:
     scan.stage = "dataset"
     iterator = iter(source.dataset)
     size = getattr(source.batch_sampler, "batch_size", None) or 1
-    while not scan.stop:
+    while not scan.stop and scan.batches < SCAN_BATCHES:
         samples = []
         for _ in range(size):
             scan.current, scan.started = scan.samples, time.monotonic()
