@@ -348,7 +348,7 @@ class NonFiniteMonitor:
     def _bad_gradients(self, params: list[Any]) -> list[str]:
         import torch
 
-        model = self.model or self.tracker.model
+        model = self._model()
         names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
         bad = []
         with torch.no_grad():
@@ -357,6 +357,15 @@ class NonFiniteMonitor:
                 if grad is not None and grad.is_floating_point() and not bool(torch.isfinite(grad).all()):
                     bad.append(names.get(id(param), f"parameter {index}"))
         return bad
+
+    def _model(self) -> Any:
+        """The watched model, or (for auto_track) the module owning the optimizer's parameters, found once."""
+        model = self.model or self.tracker.model
+        if model is None and self.tracker.optimizer is not None:
+            from .probes.runner import _model_from_optimizer
+
+            model = self.model = _model_from_optimizer(self.tracker.optimizer)
+        return model
 
     def fire(self, what: str, value: str, gradients: list[str] | None = None,
              snapshot: dict[str, Any] | None = None) -> None:
@@ -387,11 +396,7 @@ class NonFiniteMonitor:
         from .probes.nonfinite import trace_forward
 
         t = self.tracker
-        model = self.model or t.model
-        if model is None and t.optimizer is not None:
-            from .probes.runner import _model_from_optimizer
-
-            model = _model_from_optimizer(t.optimizer)
+        model = self._model()
         call = (snapshot or {}).get("model_call") or t.model_call
         ctx = ProbeContext(incident=Incident(kind="nan", source="run"), model=model, batch=t.batch,
                            model_args=call[0] if call else None, model_kwargs=dict(call[1]) if call else {})
@@ -549,7 +554,7 @@ def auto_track(tracker: Tracker | None = None, on_nan: str = "report") -> Callab
     remembers the optimizer and checks gradients for NaN/Inf at an adaptive
     stride. Returns a function that removes all of it.
     """
-    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
     from torch.utils.data import DataLoader
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
@@ -591,8 +596,8 @@ def auto_track(tracker: Tracker | None = None, on_nan: str = "report") -> Callab
 
     DataLoader.__iter__ = __iter__
     _BaseDataLoaderIter.__next__ = __next__
-    pre = torch.optim.optimizer.register_optimizer_step_pre_hook(before_step)
-    post = torch.optim.optimizer.register_optimizer_step_post_hook(after_step)
+    pre = register_optimizer_step_pre_hook(before_step)
+    post = register_optimizer_step_post_hook(after_step)
 
     def undo() -> None:
         if DataLoader.__iter__ is __iter__:

@@ -14,6 +14,7 @@ import importlib
 import os
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -186,13 +187,15 @@ def _model_from_optimizer(optimizer: Any) -> Any:
     except Exception:
         return None
     best, best_key = None, (0, 0)
-    for obj in gc.get_objects():
-        if isinstance(obj, nn.Module):
-            try:
-                owned = sum(1 for p in obj.parameters() if id(p) in wanted)
-            except Exception:
-                continue
-            key = (owned, -sum(1 for _ in obj.modules()))  # all of them, with the fewest modules: the model itself
-            if owned and key > best_key:
-                best, best_key = obj, key
+    with warnings.catch_warnings():  # isinstance() on some lazy module attributes warns about deprecations
+        warnings.simplefilter("ignore")
+        modules = [obj for obj in gc.get_objects() if isinstance(obj, nn.Module)]
+    for module in modules:
+        try:
+            owned = sum(1 for p in module.parameters() if id(p) in wanted)
+        except Exception:
+            continue
+        key = (owned, -sum(1 for _ in module.modules()))  # all of them, with the fewest modules: the model itself
+        if owned and key > best_key:
+            best, best_key = module, key
     return best
