@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+import traceback
 from pathlib import Path
 
 import pytest
@@ -152,10 +153,10 @@ def _nan_data(bad_at: int = 3, steps: int = 5):
     return data
 
 
-def _train(model, data, on_nan="report", loss_fn=None):
+def _train(model, data, on_nan="report", loss_fn=None, record_calls=False):
     loss_fn = loss_fn or nn.MSELoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    with triage.watch(model=model, optimizer=optimizer, loss_fn=loss_fn, on_nan=on_nan):
+    with triage.watch(model=model, optimizer=optimizer, loss_fn=loss_fn, on_nan=on_nan, record_calls=record_calls):
         for x, y in triage.track(data):
             optimizer.zero_grad()
             loss = loss_fn(model(x), y)
@@ -164,8 +165,9 @@ def _train(model, data, on_nan="report", loss_fn=None):
     return optimizer
 
 
-def test_watch_turns_a_nan_loss_into_an_incident_with_step_and_first_module(tmp_path, nan_rules):
-    stream = io.StringIO()
+def test_watch_turns_a_nan_loss_into_an_incident_with_step_and_first_module(tmp_path, nan_rules, monkeypatch):
+    monkeypatch.setattr(wrapper, "GRADIENT_CHECK_BUDGET", 1e-9)  # full checks at most every 1000 steps: the
+    stream = io.StringIO()  # per-step peek at the gradients must find the NaN at its own step
     triage.install(report_dir=tmp_path / "r", stream=stream, rules=[nan_rules])
     model = LogNet()
     _train(model, _nan_data(bad_at=3))
@@ -173,17 +175,18 @@ def test_watch_turns_a_nan_loss_into_an_incident_with_step_and_first_module(tmp_
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     incident = report["incident"]
     assert incident["kind"] == "nan"
-    assert incident["log_lines"][0] == "triage: non-finite loss at step 3 (batch 3): nan"
-    assert "first non-finite value at step 3 (batch 3): log at " in incident["log_lines"][1]
-    assert incident["log_lines"][2] == ("triage: first module with a non-finite output at step 3 (batch 3): "
-                                        "fc2 (Linear) (nan)")
+    lines = incident["log_lines"]
+    assert lines[0] == "triage: non-finite gradients at step 3 (batch 3): all 4 gradients (a non-finite loss does this)"
+    assert lines[1] == "triage: the loss of step 3 replayed on CPU copies: nan"
+    assert lines[2].startswith("triage: first non-finite value at step 3 (batch 3): log at ")
+    assert lines[3] == "triage: first module with a non-finite output at step 3 (batch 3): fc2 (Linear) (nan)"
     assert incident["facts"]["nan"]["first_nonfinite_module"] == "fc2 (Linear)"
     lead = report["diagnoses"][0]
     assert lead["rule"] == "nan.test-loss"
     anomaly = lead["probes"][0]
     assert anomaly["name"] == "anomaly_rerun" and anomaly["status"] == "confirmed"
     assert "`return self.fc2(torch.log(h * x.sum(1, keepdim=True).sign()))" in anomaly["detail"]
-    assert stream.getvalue().count("nan.test-loss") == 1 or "non-finite" in stream.getvalue()
+    assert "Experiment anomaly_rerun: confirmed. first non-finite value in the forward pass: log at" in stream.getvalue()
 
 
 def test_watch_reports_only_the_first_nan_and_training_goes_on(tmp_path):
@@ -192,19 +195,33 @@ def test_watch_reports_only_the_first_nan_and_training_goes_on(tmp_path):
     model = LogNet()
     steps = []
     TRACKER.listeners.append(lambda what, n: steps.append(what))
-    _train(model, _nan_data(bad_at=1, steps=4))
+    try:
+        _train(model, _nan_data(bad_at=1, steps=4))
+    finally:
+        TRACKER.listeners.clear()
     assert steps.count("step") == 4
     assert len(list((tmp_path / "r").glob("report.json"))) == 1
 
 
-def test_on_nan_raise_stops_at_the_loss_line(tmp_path):
+def test_on_nan_raise_stops_before_the_optimizer_step(tmp_path):
     triage.install(report_dir=tmp_path / "r", stream=io.StringIO())
-    error = raised(_train, LogNet(), _nan_data(bad_at=2), "raise")
+    model = LogNet()
+    error = raised(_train, model, _nan_data(bad_at=2), "raise")
     assert isinstance(error, triage.NonFiniteError)
-    assert str(error) == "non-finite loss at step 2 (batch 2): nan"
-    frames = [f for f in __import__("traceback").extract_tb(error.__traceback__) if f.filename == __file__]
-    assert frames[-1].line == "loss = loss_fn(model(x), y)"
+    assert str(error) == "non-finite gradients at step 2 (batch 2): all 4 gradients (a non-finite loss does this)"
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == __file__]
+    assert frames[-1].line == "optimizer.step()"
+    assert bool(torch.isfinite(model.fc1.weight).all())  # stopped before the NaN reached the parameters
     assert TRACKER.batch_index == 2  # the crash path still sees the failing batch
+
+
+def test_record_calls_checks_the_loss_itself_at_its_line(tmp_path):
+    triage.install(report_dir=tmp_path / "r", stream=io.StringIO())
+    error = raised(_train, LogNet(), _nan_data(bad_at=2), "raise", None, True)
+    assert str(error) == "non-finite loss at step 2 (batch 2): nan"
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == __file__]
+    assert frames[-1].line == "loss = loss_fn(model(x), y)"
+    assert TRACKER.loss_call is not None and TRACKER.model_call is not None
 
 
 class SqrtNet(nn.Module):
@@ -236,7 +253,7 @@ def test_watch_catches_non_finite_gradients_behind_a_finite_loss(tmp_path):
     net = WithInput()
     _train(net, [(x, torch.rand(4, 1))])
     incident = json.loads((tmp_path / "r" / "report.json").read_text())["incident"]
-    assert incident["log_lines"][0].startswith("triage: non-finite gradients at step 0 (batch 0): non-finite in scale")
+    assert incident["log_lines"][0] == "triage: non-finite gradients at step 0 (batch 0): 1 of 2 gradients: scale"
     assert incident["facts"]["nan"]["nonfinite_gradients"] == ["scale"]
 
 
@@ -276,7 +293,7 @@ def test_an_asynchronous_flag_is_reported_with_its_own_step(tmp_path):
 def test_watch_restores_the_tracker_and_removes_its_hooks():
     model, loss_fn = nn.Linear(2, 1), nn.MSELoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    with triage.watch(model=model, optimizer=optimizer, loss_fn=loss_fn):
+    with triage.watch(model=model, optimizer=optimizer, loss_fn=loss_fn, record_calls=True):
         assert TRACKER.model is model and wrapper.installed()
         loss_fn(model(torch.ones(3, 2)), torch.zeros(3, 1)).backward()
         optimizer.step()

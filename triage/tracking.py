@@ -48,7 +48,7 @@ class Tracker:
         self._progress("batch", self.batches_seen)
 
     def on_step(self, optimizer: Any = None) -> None:
-        """An optimizer step finished."""
+        """An optimizer step (triage's hooks count it as it begins: one hook per step is cheaper than two)."""
         if self.suspended:
             return
         self.steps += 1

@@ -14,6 +14,7 @@ optimizer steps.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import math
 import os
@@ -29,7 +30,7 @@ from .tracking import TRACKER, Tracker
 
 ON_NAN = ("report", "raise", "ignore")
 # Share of the measured step time the full gradient check may take; its stride adapts to keep under it.
-GRADIENT_CHECK_BUDGET = 0.003
+GRADIENT_CHECK_BUDGET = 0.001
 # Who prints the diagnosis of an uncaught exception: None, "install" or "runner" (the runner sets it).
 capture_owner: str | None = None
 
@@ -247,6 +248,23 @@ class _DeviceFlags:
         return bad
 
 
+_READERS = {"torch.float32": ctypes.c_float, "torch.float64": ctypes.c_double}
+
+
+def sentinel_for(params: list[Any]) -> list[tuple[Any, Callable[[int], float] | None]]:
+    """The parameters whose gradients are peeked at every step (the last and the first), each with a function
+    reading the first value of its CPU gradient straight from memory (None: use torch)."""
+    chosen = [params[-1], params[0]] if len(params) > 1 else list(params)
+    out = []
+    for param in chosen:
+        kind = _READERS.get(str(param.dtype))
+        if kind is None or param.is_cuda or param.is_meta or param.numel() == 0:
+            out.append((param, None))
+        else:
+            out.append((param, lambda address, kind=kind: kind.from_address(address).value))
+    return out
+
+
 def _mark_triage_hook(fn: Callable) -> Callable:
     fn._triage_hook = True  # type: ignore[attr-defined]
     return fn
@@ -261,13 +279,12 @@ class NonFiniteMonitor:
         self.tracker = tracker
         self.on_nan = on_nan
         self.model = model
-        self.fired = False
+        self.fired = on_nan == "ignore"  # a monitor told to ignore never checks
         self.flags = _DeviceFlags()
         self.stride = 1
         self.since = 0
-        self.last_step_at: float | None = None
+        self.last_full_at: float | None = None
         self.step_interval: float | None = None
-        self.sees_loss = False
 
     # -- per-step checks (kept to a few microseconds on the CPU)
 
@@ -289,40 +306,70 @@ class NonFiniteMonitor:
             self.flags.push(~torch.isfinite(tensor.detach()).all(), self._snapshot(what))
             self.poll()
 
-    def check_gradients(self, params: list[Any]) -> None:
-        if self.fired or self.on_nan == "ignore":
-            return
-        now = time.perf_counter()
-        if self.last_step_at is not None:
-            interval = now - self.last_step_at
-            self.step_interval = interval if self.step_interval is None else 0.9 * self.step_interval + 0.1 * interval
-        self.last_step_at = now
-        self.since += 1
-        if self.since < self.stride:
-            return
-        self.since = 0
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads:
-            return
-        import torch
+    def check_gradients(self, params: list[Any], sentinel: list[tuple[Any, Any]] | None = None) -> None:
+        """Before an optimizer step: one value of the last and of the first parameter's gradient every step;
+        all gradients at a stride chosen so that those full checks take GRADIENT_CHECK_BUDGET of the step time.
 
+        `sentinel` is `sentinel_for(params)`, computed once by the caller. Right after backward() every
+        Python-level call costs microseconds (cold caches), so the per-step path does very few.
+        """
+        if self.fired:
+            return
+        self.since += 1
+        if self.since >= self.stride:
+            self._check_all(params, adapt=True)
+            return
+        # A NaN/Inf in the forward pass makes the loss non-finite, and with it the gradient of the parameters
+        # nearest the loss (usually the last registered: the output layer; ReLU-like masks can zero the others
+        # exactly). A NaN born in backward reaches the parameters upstream of it, the first one's included,
+        # though maybe not the value read here: the strided full check finds those.
+        for param, read in sentinel if sentinel is not None else sentinel_for(params):
+            grad = param.grad
+            if grad is None:
+                continue
+            if read is not None:
+                if not math.isfinite(read(grad.data_ptr())):
+                    self._check_all(params, adapt=False)
+                    return
+            elif grad.is_cuda:
+                torch = sys.modules["torch"]
+                self.flags.push(~torch.isfinite(grad.reshape(-1)[0]), self._snapshot("gradients"))
+            elif grad.numel() and not math.isfinite(float(grad.reshape(-1)[0])):
+                self._check_all(params, adapt=False)
+                return
+
+    def _check_all(self, params: list[Any], adapt: bool) -> None:
+        torch = sys.modules["torch"]
         started = time.perf_counter()
+        if adapt:
+            if self.last_full_at is not None and self.since:
+                self.step_interval = (started - self.last_full_at) / self.since
+            self.last_full_at, self.since = started, 0
         by_device: dict[Any, list] = {}
-        for grad in grads:
-            by_device.setdefault(grad.device, []).append(grad)
+        for param in params:
+            grad = param.grad
+            if grad is not None and grad.is_floating_point():
+                by_device.setdefault(grad.device, []).append(grad)
         for device, group in by_device.items():
             total = torch.stack(torch._foreach_norm(group)).sum()
             if device.type == "cpu":
                 if not math.isfinite(total.item()):
-                    bad = self._bad_gradients(params)
+                    bad = self._bad_gradients(params)  # exact: a norm of large finite values can overflow
                     if bad:
-                        self.fire("gradients", f"non-finite in {', '.join(bad[:5])}", gradients=bad)
+                        self.fire("gradients", self._gradient_summary(bad, params), gradients=bad)
                         return
-            else:
+            elif device.type == "cuda":
                 self.flags.push(~torch.isfinite(total), self._snapshot("gradients"))
         cost = time.perf_counter() - started
-        if self.step_interval:
+        if adapt and self.step_interval:
             self.stride = min(max(1, math.ceil(cost / (GRADIENT_CHECK_BUDGET * self.step_interval))), 1000)
+
+    @staticmethod
+    def _gradient_summary(bad: list[str], params: list[Any]) -> str:
+        total = sum(1 for p in params if p.grad is not None)
+        if len(bad) == total:
+            return f"all {total} gradients (a non-finite loss does this)"
+        return f"{len(bad)} of {total} gradients: {', '.join(bad[:5])}" + (", ..." if len(bad) > 5 else "")
 
     def poll(self) -> None:
         if self.flags.items:
@@ -399,14 +446,16 @@ class NonFiniteMonitor:
         model = self._model()
         call = (snapshot or {}).get("model_call") or t.model_call
         ctx = ProbeContext(incident=Incident(kind="nan", source="run"), model=model, batch=t.batch,
-                           model_args=call[0] if call else None, model_kwargs=dict(call[1]) if call else {})
+                           model_args=call[0] if call else None, model_kwargs=dict(call[1]) if call else {},
+                           loss_fn=t.loss_fn, loss_args=t.loss_call[0] if t.loss_call else None,
+                           loss_kwargs=dict(t.loss_call[1]) if t.loss_call else {})
         trace = trace_forward(ctx)
         at = f"at step {step}" + (f" (batch {batch_index})" if batch_index is not None else "")
         lines = [f"triage: non-finite {what} {at}: {value}"]
-        if gradients:
-            lines.append(f"triage: non-finite gradients {at} in {', '.join(gradients[:10])}")
         if trace.parameters:
             lines.append(f"triage: parameters already non-finite {at}: {', '.join(trace.parameters[:10])}")
+        if trace.loss is not None and what != "loss":
+            lines.append(f"triage: the loss of step {step} replayed on CPU copies: {trace.loss}")
         if trace.op:
             lines.append(f"triage: first non-finite value {at}: {trace.op}")
         if trace.module:
@@ -416,7 +465,7 @@ class NonFiniteMonitor:
         facts = {"nan": {"what": what, "value": value, "step": step, "batch_index": batch_index,
                          "nonfinite_gradients": gradients,
                          "nonfinite_parameters": trace.parameters, "first_nonfinite_module": trace.module,
-                         "first_nonfinite_op": trace.op}}
+                         "first_nonfinite_op": trace.op, "replayed_loss": trace.loss}}
         return Incident(kind="nan", source="run", log_lines=lines, facts=facts)
 
 
@@ -435,19 +484,23 @@ def _shallow(batch: Any) -> Any:
 class watch:
     """`with triage.watch(model=..., optimizer=..., loss_fn=...):` gives triage the live training objects.
 
-    Hooks record the arguments of the model's and the loss's latest calls (by
-    reference) and count optimizer steps; the loss (or, without an nn.Module loss,
-    the model's output) and the gradients are checked for NaN/Inf. `on_nan`:
-    "report" prints a diagnosis once and lets training go on, "raise" also raises
-    NonFiniteError at the failing line, "ignore" turns the checks off. Unless the
-    runner or install() already captures failures, install() is called for the
-    duration. On an exception the Tracker keeps its references for the crash path.
+    An optimizer hook counts steps and checks gradients for NaN/Inf before each
+    step (a NaN/Inf loss makes every gradient non-finite); nothing is added to the
+    model's own calls, which keeps the cost within 1% of a small CPU step. With
+    `record_calls=True` (or without an optimizer) module hooks also record the
+    arguments of the model's and the loss's latest calls and check the loss value
+    itself, at a few microseconds per call. `on_nan`: "report" prints a diagnosis
+    once and lets training go on, "raise" also raises NonFiniteError, "ignore" turns
+    the checks off. Unless the runner or install() already captures failures,
+    install() is active for the duration. After an exception the Tracker keeps its
+    references for the crash path.
     """
 
     def __init__(self, model: Any = None, optimizer: Any = None, loss_fn: Any = None, on_nan: str = "report",
-                 tracker: Tracker | None = None) -> None:
+                 record_calls: bool = False, tracker: Tracker | None = None) -> None:
         self.tracker = tracker or TRACKER
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
+        self.record_calls = record_calls or optimizer is None
         self.monitor = NonFiniteMonitor(self.tracker, on_nan, model)
         self._handles: list[Any] = []
         self._saved: dict[str, Any] = {}
@@ -484,50 +537,43 @@ class watch:
 
         t, monitor = self.tracker, self.monitor
         checks = monitor.on_nan != "ignore"
-
-        if isinstance(self.model, nn.Module):
+        if self.record_calls and isinstance(self.model, nn.Module):
             @_mark_triage_hook
             def record_model(module, args, kwargs):
                 t.model_call = (args, kwargs)
 
             self._handles.append(self.model.register_forward_pre_hook(record_model, with_kwargs=True))
-        if isinstance(self.loss_fn, nn.Module):
+        if self.record_calls and isinstance(self.loss_fn, nn.Module):
             @_mark_triage_hook
-            def record_loss(module, args, kwargs):
+            def record_loss(module, args, kwargs, output):
                 t.loss_call = (args, kwargs)
-
-            @_mark_triage_hook
-            def check_loss(module, args, output):
                 t.last_loss = output
-                monitor.check(output, "loss")
+                if checks:
+                    monitor.check(output, "loss")
 
-            self._handles.append(self.loss_fn.register_forward_pre_hook(record_loss, with_kwargs=True))
-            if checks:
-                self._handles.append(self.loss_fn.register_forward_hook(check_loss))
-                monitor.sees_loss = True
-        elif checks and isinstance(self.model, nn.Module):
+            self._handles.append(self.loss_fn.register_forward_hook(record_loss, with_kwargs=True))
+        elif self.record_calls and checks and isinstance(self.model, nn.Module):
             @_mark_triage_hook
             def check_output(module, args, output):
                 from .probes.step import first_tensor
 
-                monitor.check(first_tensor(output) if not hasattr(output, "is_floating_point") else output,
-                              "model output")
+                monitor.check(first_tensor(output), "model output")
 
             self._handles.append(self.model.register_forward_hook(check_output))
         if self.optimizer is not None and hasattr(self.optimizer, "register_step_post_hook"):
             optimizer = self.optimizer
             params = [p for group in optimizer.param_groups for p in group["params"]]
+            sentinel = sentinel_for(params)
 
+            # One pre-step hook does it all (each hook call costs): the step is counted as it begins.
             def before_step(opt, args, kwargs):
-                monitor.check_gradients(params)
-
-            def after_step(opt, args, kwargs):
+                if checks:
+                    monitor.check_gradients(params, sentinel)
+                    if monitor.flags.items:
+                        monitor.poll()
                 t.on_step(opt)
-                monitor.poll()
 
-            if checks:
-                self._handles.append(optimizer.register_step_pre_hook(before_step))
-            self._handles.append(optimizer.register_step_post_hook(after_step))
+            self._handles.append(optimizer.register_step_pre_hook(before_step))
 
 
 def track(loader: Iterable, tracker: Tracker | None = None) -> Iterator[Any]:
@@ -539,8 +585,9 @@ def track(loader: Iterable, tracker: Tracker | None = None) -> Iterator[Any]:
         iterator._triage_tracked = True  # the DataLoader hook of auto_track() leaves this iterator to us
     except AttributeError:
         pass
+    on_batch = t.on_batch
     for batch in iterator:
-        t.on_batch(_shallow(batch), loader)
+        on_batch(_shallow(batch), loader)
         yield batch
 
 
@@ -554,7 +601,7 @@ def auto_track(tracker: Tracker | None = None, on_nan: str = "report") -> Callab
     remembers the optimizer and checks gradients for NaN/Inf at an adaptive
     stride. Returns a function that removes all of it.
     """
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
     from torch.utils.data import DataLoader
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
@@ -577,27 +624,23 @@ def auto_track(tracker: Tracker | None = None, on_nan: str = "report") -> Callab
             t.on_batch(_shallow(batch), getattr(self, "_triage_loader", self))
         return batch
 
-    params_of: dict[int, list] = {}
+    params_of: dict[int, tuple[list, Any]] = {}
 
     def before_step(optimizer, args, kwargs):
-        if t.optimizer is None:
-            t.optimizer = optimizer
-        if getattr(t, "watch_active", False):
-            return  # watch() checks this loop itself
-        params = params_of.get(id(optimizer))
-        if params is None:
-            params = params_of[id(optimizer)] = [p for g in optimizer.param_groups for p in g["params"]]
-        monitor.check_gradients(params)
-
-    def after_step(optimizer, args, kwargs):
-        if not getattr(t, "watch_active", False):
-            t.on_step(optimizer)
+        if t.watch_active:
+            return  # watch() follows this loop itself
+        known = params_of.get(id(optimizer))
+        if known is None:
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            known = params_of[id(optimizer)] = (params, sentinel_for(params))
+        monitor.check_gradients(*known)
+        if monitor.flags.items:
             monitor.poll()
+        t.on_step(optimizer)  # counted as it begins, as in watch()
 
     DataLoader.__iter__ = __iter__
     _BaseDataLoaderIter.__next__ = __next__
     pre = register_optimizer_step_pre_hook(before_step)
-    post = register_optimizer_step_post_hook(after_step)
 
     def undo() -> None:
         if DataLoader.__iter__ is __iter__:
@@ -605,6 +648,5 @@ def auto_track(tracker: Tracker | None = None, on_nan: str = "report") -> Callab
         if _BaseDataLoaderIter.__next__ is __next__:
             _BaseDataLoaderIter.__next__ = original_next
         pre.remove()
-        post.remove()
 
     return undo

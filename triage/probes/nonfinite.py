@@ -14,7 +14,7 @@ from torch import nn
 
 from ._support import Unavailable, iter_tensors, preserved_state, tracker_paused
 from .context import ProbeContext
-from .step import call, rebuild
+from .step import ModelOutput, call, rebuild
 
 
 @dataclass
@@ -24,6 +24,7 @@ class NonFiniteTrace:
     module: str | None = None
     kind: str | None = None  # "nan" or "inf"
     op: str | None = None  # "log at model.py:20: `h = torch.log(h)` produced nan from finite inputs"
+    loss: float | None = None  # the loss of the replayed step, when the loss function and targets are known
     parameters: list[str] = field(default_factory=list)
     note: str = ""
 
@@ -88,7 +89,12 @@ def trace_forward(ctx: ProbeContext) -> NonFiniteTrace:
     log = OpLog()
     try:
         with preserved_state(), tracker_paused(), torch.no_grad(), log:
-            call(step.model_call)
+            output = call(step.model_call)
+            if step.loss_call is not None:
+                loss = call(step.loss_call, output if any(a is ModelOutput for a in step.loss_call.inputs.args)
+                            else None)
+                if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+                    found.loss = float(loss)
     except Exception as exc:  # a replay that fails tells nothing about where NaN starts
         found.note = f"the replay raised {type(exc).__name__}"
     finally:
