@@ -107,6 +107,40 @@ def overhead(bare: list[float], watched: list[float]) -> float:
     return statistics.mean(ratios[k:len(ratios) - k]) - 1
 
 
+def time_inside(name: str, steps: int) -> tuple[float, float]:
+    """(µs per step spent in triage's per-step code, bare step µs): the hooks and track() timed from inside."""
+    from triage import wrapper
+    from triage.tracking import Tracker
+
+    spent = [0]
+    originals = (wrapper.NonFiniteMonitor.check_gradients, Tracker.on_batch, Tracker.on_step)
+
+    def timed(function):
+        def inner(*args, **kwargs):
+            started = time.perf_counter_ns()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter_ns() - started
+        return inner
+
+    wrapper.NonFiniteMonitor.check_gradients = timed(originals[0])
+    Tracker.on_batch, Tracker.on_step = timed(originals[1]), timed(originals[2])
+    try:
+        model, data = make(name)
+        optimizer, loss_fn = optimizer_for(model), nn.CrossEntropyLoss()
+        batches = endless_tracked(DataLoader(data, batch_size=64))
+        times = []
+        with triage.watch(model=model, optimizer=optimizer, loss_fn=loss_fn):
+            for i in range(steps + 50):
+                if i == 50:
+                    spent[0] = 0
+                times.append(timed_step(batches, model, optimizer, loss_fn))
+    finally:
+        wrapper.NonFiniteMonitor.check_gradients, Tracker.on_batch, Tracker.on_step = originals
+    return spent[0] / steps / 1000, statistics.median(times[50:]) * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=3000)
@@ -124,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}, {source}: bare {statistics.median(bare) * 1e6:.0f} µs/step; watch+track overhead "
                   f"{100 * overhead(bare, watched):+.2f}% ({steps} paired steps; the same measurement with both "
                   f"loops bare gives {100 * noise:+.2f}%)")
+        inside, step_us = time_inside(name, steps)
+        print(f"{name}, dataloader: {inside:.1f} µs per step inside triage's hooks and track() (wall clock, "
+              f"timers included) = {100 * inside / step_us:.2f}% of a {step_us:.0f} µs step")
     return 0
 
 
