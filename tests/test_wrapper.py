@@ -32,7 +32,7 @@ NAN_RULE = """\
   fix: Find the first non-finite operation.
   probes: [anomaly_rerun]
   examples:
-    match: [{log: 'triage: non-finite loss at step 3 (batch 3): nan', vars: {step: 3}}]
+    match: [{log: 'triage: non-finite loss at step 3 (batch 3): loss = nan', vars: {step: 3}}]
     no_match: ['RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x57600 and 64x128)']
 """
 
@@ -177,7 +177,7 @@ def test_watch_turns_a_nan_loss_into_an_incident_with_step_and_first_module(tmp_
     assert incident["kind"] == "nan"
     lines = incident["log_lines"]
     assert lines[0] == "triage: non-finite gradients at step 3 (batch 3): all 4 gradients (a non-finite loss does this)"
-    assert lines[1] == "triage: the loss of step 3 replayed on CPU copies: nan"
+    assert lines[1] == "triage: step 3 replayed on CPU copies gives loss = nan"
     assert lines[2].startswith("triage: first non-finite value at step 3 (batch 3): log at ")
     assert lines[3] == "triage: first module with a non-finite output at step 3 (batch 3): fc2 (Linear) (nan)"
     assert incident["facts"]["nan"]["first_nonfinite_module"] == "fc2 (Linear)"
@@ -218,7 +218,7 @@ def test_on_nan_raise_stops_before_the_optimizer_step(tmp_path):
 def test_record_calls_checks_the_loss_itself_at_its_line(tmp_path):
     triage.install(report_dir=tmp_path / "r", stream=io.StringIO())
     error = raised(_train, LogNet(), _nan_data(bad_at=2), "raise", None, True)
-    assert str(error) == "non-finite loss at step 2 (batch 2): nan"
+    assert str(error) == "non-finite loss at step 2 (batch 2): loss = nan"
     frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == __file__]
     assert frames[-1].line == "loss = loss_fn(model(x), y)"
     assert TRACKER.loss_call is not None and TRACKER.model_call is not None
@@ -379,3 +379,45 @@ def test_auto_track_turns_nan_gradients_into_an_incident(tmp_path):
     incident = json.loads((tmp_path / "r" / "report.json").read_text())["incident"]
     assert incident["log_lines"][0].startswith("triage: non-finite gradients at step 1 (batch 1)")
     assert incident["facts"]["nan"]["nonfinite_gradients"] == ["weight"]
+
+
+SCRIPT = """\
+import torch
+from torch import nn
+import triage
+
+triage.install(report_dir={report!r})
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.fc = nn.Linear(8 * 6 * 6, 10)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).flatten(1))
+
+
+model = Net()
+loader = torch.utils.data.DataLoader(torch.randn(8, 3, 10, 10), batch_size=4)
+with triage.watch(model=model):
+    for images in triage.track(loader):
+        model(images)
+"""
+
+
+def test_a_failing_script_prints_its_traceback_then_the_confirmed_diagnosis(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(report=str(tmp_path / "report")), encoding="utf-8")
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 1  # what plain python gives for an uncaught exception
+    stderr = done.stderr
+    assert stderr.index("Traceback (most recent call last)") < stderr.index("shape_trace")
+    assert "RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x512 and 288x10)" in stderr
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    probes = {p["name"]: p for p in report["diagnoses"][0]["probes"]}
+    assert probes["shape_trace"]["status"] == "confirmed"
+    assert "conv outputs 8×8×8 = 512 features per sample; fc expects 288" in probes["shape_trace"]["detail"]
+    assert probes["save_batch"]["status"] == "confirmed" and "saved batch 0" in probes["save_batch"]["detail"]

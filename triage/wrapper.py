@@ -301,7 +301,7 @@ class NonFiniteMonitor:
             if not math.isfinite(number):
                 if value.numel() > 1 and bool(torch.isfinite(value).all()):
                     return  # a finite tensor whose sum overflowed
-                self.fire(what, self._describe(value))
+                self.fire(what, f"{what} = {self._describe(value)}" if value.numel() == 1 else self._describe(value))
         elif tensor.device.type == "cuda":
             self.flags.push(~torch.isfinite(tensor.detach()).all(), self._snapshot(what))
             self.poll()
@@ -455,7 +455,7 @@ class NonFiniteMonitor:
         if trace.parameters:
             lines.append(f"triage: parameters already non-finite {at}: {', '.join(trace.parameters[:10])}")
         if trace.loss is not None and what != "loss":
-            lines.append(f"triage: the loss of step {step} replayed on CPU copies: {trace.loss}")
+            lines.append(f"triage: step {step} replayed on CPU copies gives loss = {trace.loss}")
         if trace.op:
             lines.append(f"triage: first non-finite value {at}: {trace.op}")
         if trace.module:
