@@ -153,3 +153,47 @@ def test_mixed_verdicts_keep_the_matchers_order():
     run_probes(ranked, _ctx())
     rerank(ranked)
     assert [d.rule for d in ranked] == ["a", "b"]
+
+
+def test_every_probe_leaves_the_users_state_and_files_alone(tmp_path, monkeypatch):
+    import random
+
+    import numpy as np
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    from _probe_fixtures import StateGuard, TextModel, live_context, raised
+    from triage.tracking import Tracker
+
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    (workdir / "data.txt").write_text("the user's file")
+    monkeypatch.chdir(workdir)
+    random.seed(5)
+    np.random.seed(5)
+    torch.manual_seed(5)
+    model = TextModel(vocab=10, classes=3).train()
+    loss_fn = nn.CrossEntropyLoss()
+    optimizer = torch.optim.Adam(model.parameters())
+    ids, labels = torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.tensor([0, 2])
+    loss_fn(model(ids), labels).backward()
+    optimizer.step()  # Adam state and .grad to keep as they are
+    loader = DataLoader(list(zip(ids, labels)), batch_size=2, shuffle=True)
+    bad = torch.tensor([[1, 2, 3], [4, 11, 6]])
+    exc = raised(model, bad)
+    tracker = Tracker(model=model, optimizer=optimizer, loss_fn=loss_fn, loader=loader, batch=(bad, labels),
+                      batch_index=0, steps=1)
+    report_dir = tmp_path / "report"
+    ctx = live_context(exc, tracker=tracker, report_dir=report_dir)
+    everything = ["save_batch", "cpu_rerun", "index_range", "shape_trace", "device_census", "dtype_census",
+                  "anomaly_rerun", "workers0_rerun", "memory_breakdown"]
+    d = diagnosis("index", *everything)
+    guard = StateGuard(model, optimizer=optimizer, folder=tmp_path, allowed=report_dir)
+    run_probes([d], ctx)
+    guard.assert_unchanged()
+    statuses = {p.name: p.status for p in d.probes}
+    assert "error" not in statuses.values(), [(p.name, p.detail) for p in d.probes]
+    assert statuses["cpu_rerun"] == statuses["index_range"] == statuses["save_batch"] == "confirmed"
+    assert (workdir / "data.txt").read_text() == "the user's file"
+    assert sorted(p.name for p in report_dir.iterdir()) == ["batch.pt", "shape_trace.txt"]

@@ -60,17 +60,7 @@ def _order(step: Step, poisoned: bool) -> list[Call]:
 
 def _raised(ctx: ProbeContext, step: Step, c: Call, exc: Exception, poisoned: bool,
             notes: list[str], missing: list[str], ran: list[str]) -> ProbeResult:
-    names = step.names
-    inner = module_calls(exc.__traceback__)
-    module_label = c.label
-    module_path = c.path
-    if inner:
-        innermost = inner[-1].module
-        path = names.get(id(innermost), c.path if innermost is c.fn else None)
-        if path is not None:
-            module_path = path
-        module_label = display_name(module_path or "", innermost) if path is not None or innermost is c.fn \
-            else type(innermost).__name__
+    module_path, module_label = _raising_module(step, c, exc)
     frame = innermost_user_frame(traceback.extract_tb(exc.__traceback__))
     line = exception_line(exc)
     at = f", called at {where(frame)}" if frame else ""
@@ -91,6 +81,20 @@ def _raised(ctx: ProbeContext, step: Step, c: Call, exc: Exception, poisoned: bo
     return result(NAME, status, detail, module=module_path, exception=type(exc).__name__,
                   message=str(exc).split("\n", 1)[0][:300], location=where(frame), replayed=ran + [c.label],
                   inputs=notes, missing_inputs=missing)
+
+
+def _raising_module(step: Step, c: Call, exc: Exception) -> tuple[str, str]:
+    """(path, label) of the innermost module whose call raised: `encoder.embed`, `encoder.embed (Embedding)`."""
+    calls = module_calls(exc.__traceback__)
+    if not calls:
+        return c.path, f"the {c.label}"
+    innermost = calls[-1].module
+    path = step.names.get(id(innermost))
+    if path is None:
+        path = c.path if innermost is c.fn else ""
+        if innermost is not c.fn:
+            return path, type(innermost).__name__
+    return path, display_name(path, innermost)
 
 
 def _clean(ctx: ProbeContext, step: Step, poisoned: bool, ran: list[str], notes: list[str],
