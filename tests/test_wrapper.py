@@ -276,7 +276,7 @@ def test_an_asynchronous_flag_is_reported_with_its_own_step(tmp_path):
     triage.install(report_dir=tmp_path / "r", stream=io.StringIO())
 
     class ReadyFlags:
-        items = [object()]
+        pending = True
 
         def ready(self):
             return [{"what": "loss", "step": 7, "batch_index": 7, "model_call": None}]
@@ -288,6 +288,50 @@ def test_an_asynchronous_flag_is_reported_with_its_own_step(tmp_path):
     lines = json.loads((tmp_path / "r" / "report.json").read_text())["incident"]["log_lines"]
     assert lines[0] == "triage: non-finite loss at step 7 (batch 7): NaN/Inf (found by an asynchronous check)"
     assert lines[-1] == "triage: found by an asynchronous check, 2 step(s) later"
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event on a CPU-only machine: completes when told to."""
+
+    made: list[FakeEvent] = []
+
+    def __init__(self):
+        self.done = False
+        FakeEvent.made.append(self)
+
+    def record(self):
+        pass
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.done = True
+
+
+def test_device_flags_are_read_only_once_their_event_completes():
+    FakeEvent.made.clear()
+    flags = wrapper.DeviceFlags(event_factory=FakeEvent)
+    flags.push(torch.tensor(False), {"step": 0})
+    flags.push(torch.tensor(True), {"step": 1})
+    flags.push(torch.tensor(True), {"step": 2})
+    assert flags.ready() == [] and flags.pending  # nothing has completed: nothing is read, nothing waits
+    FakeEvent.made[0].done = FakeEvent.made[1].done = True
+    assert flags.ready() == [{"step": 1}]
+    assert flags.pending  # step 2 still in flight
+    FakeEvent.made[2].done = True
+    assert flags.ready() == [{"step": 2}] and not flags.pending
+
+
+def test_device_flags_wait_for_the_oldest_only_when_a_whole_buffer_is_in_flight():
+    FakeEvent.made.clear()
+    flags = wrapper.DeviceFlags(event_factory=FakeEvent)
+    for step in range(flags.SLOTS + 5):
+        flags.push(torch.tensor(step == 3), {"step": step})
+    waited = [e for e in FakeEvent.made if e.done]
+    assert len(waited) == 6  # one synchronize per push beyond SLOTS - 1 in flight
+    assert flags.ready() == [{"step": 3}]  # its slot was read before being reused
+    assert len(flags.items) == flags.SLOTS - 1
 
 
 def test_watch_restores_the_tracker_and_removes_its_hooks():

@@ -214,38 +214,53 @@ def installed() -> bool:
 # ---------------------------------------------------------------------------- NaN/Inf checks
 
 
-class _DeviceFlags:
-    """Non-finite flags computed on a GPU, read back once their event completes (no synchronisation)."""
+class DeviceFlags:
+    """Non-finite flags computed on a GPU, read back once their CUDA event has completed (no synchronisation).
+
+    Each flag is copied without blocking into a slot of a small pinned buffer; a
+    slot is read only after its event reports completion. If the GPU falls a whole
+    buffer behind, the oldest flag is waited for (the only wait there is).
+    """
 
     SLOTS = 64
 
-    def __init__(self) -> None:
+    def __init__(self, event_factory: Callable[[], Any] | None = None) -> None:
         self.items: deque = deque()
+        self.found: list[dict[str, Any]] = []
         self.host = None
         self.slot = 0
+        self.event_factory = event_factory
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.items or self.found)
 
     def push(self, flag: Any, info: dict[str, Any]) -> None:
-        import torch
-
+        torch = sys.modules["torch"]
         if self.host is None:
-            self.host = torch.zeros(self.SLOTS, dtype=torch.bool, pin_memory=True)
+            self.host = torch.zeros(self.SLOTS, dtype=torch.bool, pin_memory=torch.cuda.is_available())
+            self.event_factory = self.event_factory or torch.cuda.Event
         if len(self.items) >= self.SLOTS - 1:
-            self.items[0][0].synchronize()  # the GPU is far behind: wait for the oldest flag only
+            self.items[0][0].synchronize()
+            self._collect()
         slot = self.slot
         self.slot = (slot + 1) % self.SLOTS
         self.host[slot].copy_(flag, non_blocking=True)
-        event = torch.cuda.Event()
+        event = self.event_factory()
         event.record()
         self.items.append((event, slot, info))
 
-    def ready(self) -> list[dict[str, Any]]:
-        """Infos of completed checks that found NaN/Inf."""
-        bad = []
+    def _collect(self) -> None:
         while self.items and self.items[0][0].query():
             _, slot, info = self.items.popleft()
             if bool(self.host[slot]):
-                bad.append(info)
-        return bad
+                self.found.append(info)
+
+    def ready(self) -> list[dict[str, Any]]:
+        """Infos of completed checks that found NaN/Inf, oldest first."""
+        self._collect()
+        found, self.found = self.found, []
+        return found
 
 
 _READERS = {"torch.float32": ctypes.c_float, "torch.float64": ctypes.c_double}
@@ -280,7 +295,7 @@ class NonFiniteMonitor:
         self.on_nan = on_nan
         self.model = model
         self.fired = on_nan == "ignore"  # a monitor told to ignore never checks
-        self.flags = _DeviceFlags()
+        self.flags = DeviceFlags()
         self.stride = 1
         self.since = 0
         self.last_full_at: float | None = None
@@ -372,7 +387,7 @@ class NonFiniteMonitor:
         return f"{len(bad)} of {total} gradients: {', '.join(bad[:5])}" + (", ..." if len(bad) > 5 else "")
 
     def poll(self) -> None:
-        if self.flags.items:
+        if self.flags.pending:
             for info in self.flags.ready():
                 self.fire(info["what"], "NaN/Inf (found by an asynchronous check)", snapshot=info)
                 break
@@ -569,7 +584,7 @@ class watch:
             def before_step(opt, args, kwargs):
                 if checks:
                     monitor.check_gradients(params, sentinel)
-                    if monitor.flags.items:
+                    if monitor.flags.pending:
                         monitor.poll()
                 t.on_step(opt)
 
@@ -634,7 +649,7 @@ def auto_track(tracker: Tracker | None = None, on_nan: str = "report") -> Callab
             params = [p for g in optimizer.param_groups for p in g["params"]]
             known = params_of[id(optimizer)] = (params, sentinel_for(params))
         monitor.check_gradients(*known)
-        if monitor.flags.items:
+        if monitor.flags.pending:
             monitor.poll()
         t.on_step(optimizer)  # counted as it begins, as in watch()
 
