@@ -89,3 +89,14 @@ def test_memory_breakdown_on_a_real_host_allocation_failure():
     assert outcome.status == "confirmed"
     assert outcome.detail.startswith("the failed host allocation asked for 4096.00 TiB; the host has ")
     assert "more than the machine's entire memory: the size itself is wrong" in outcome.detail
+
+
+def test_memory_breakdown_takes_figures_the_rule_extracted_when_the_text_has_none():
+    from _probe_fixtures import diagnosis as make_diagnosis
+
+    incident = Incident(source="run", log_lines=["RuntimeError: CUDA error: out of memory"])
+    ctx = ProbeContext(incident=incident, diagnosis=make_diagnosis("oom", tried="2.00 GiB", total="8.00 GiB",
+                                                                   free="512.00 MiB"))
+    outcome = memory_breakdown(ctx)
+    assert outcome.status == "confirmed"
+    assert outcome.detail.startswith("the failed allocation needed 2.00 GiB; the GPU has 8.00 GiB, 512.00 MiB free")

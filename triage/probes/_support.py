@@ -388,11 +388,6 @@ def display_name(path: str, module: nn.Module) -> str:
     return f"{path} ({type(module).__name__})" if path else type(module).__name__
 
 
-def diagnosis_values(ctx: ProbeContext) -> dict[str, Any]:
-    diagnosis = getattr(ctx, "diagnosis", None)
-    return dict(getattr(diagnosis, "values", {}) or {})
-
-
 def result(name: str, status: str, detail: str, **facts: Any) -> ProbeResult:
     artifacts = facts.pop("artifacts", [])
     return ProbeResult(name=name, status=status, detail=detail, facts=facts, artifacts=artifacts)

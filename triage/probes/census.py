@@ -120,10 +120,6 @@ def _model(ctx: ProbeContext) -> nn.Module | None:
     return ctx.module if isinstance(ctx.module, nn.Module) else None
 
 
-def _summary(counter: Counter, limit: int = 4) -> str:
-    return ", ".join(f"{n} on {key}" for key, n in counter.most_common(limit))
-
-
 def _listed(entries: list[Entry], attr: str, limit: int = 4) -> str:
     shown = "; ".join((f"{e.label} on {e.device}" if attr == "device" else f"{e.label} is {e.dtype}")
                       + (f" ({e.hint})" if e.hint else "") for e in entries[:limit])

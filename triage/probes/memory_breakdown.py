@@ -43,6 +43,19 @@ _PATTERNS = {
 }
 
 
+# figure -> the group name the OOM rules use for it
+_VALUE_NAMES = {"tried": "tried", "capacity": "total", "free": "free", "allocated": "allocated",
+                "unallocated": "unalloc", "reserved": "reserved"}
+
+
+def _size(text) -> int | None:
+    """Bytes in '2.00 GiB' / '512 MiB' / '4096 bytes', or None."""
+    found = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]i?B|B|bytes)\s*", str(text or ""), re.IGNORECASE)
+    if not found:
+        return None
+    return int(float(found[1]) * _UNITS.get(found[2].lower(), 1))
+
+
 def parse_oom(message: str) -> dict[str, int]:
     """Byte figures named in an out-of-memory message (any torch version's wording)."""
     figures: dict[str, int] = {}
@@ -171,8 +184,13 @@ def _host_available() -> dict[str, int]:
 def memory_breakdown(ctx: ProbeContext) -> ProbeResult:
     exc = ctx.incident.exception
     message = "\n".join(e.message for e in ctx.incident.exceptions) or (exc.message if exc else "")
+    message += "\n" + "\n".join(ctx.incident.log_lines)
     figures = parse_oom(message)
     values = getattr(ctx.diagnosis, "values", {}) or {}
+    for key, name in _VALUE_NAMES.items():  # what the rule's match extracted, where the text gave nothing
+        size = _size(values.get(name))
+        if key not in figures and size is not None:
+            figures[key] = size
     host = "DefaultCPUAllocator" in message or "can't allocate memory" in message
     if host:
         return _host_oom(ctx, figures)
