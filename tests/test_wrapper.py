@@ -465,3 +465,14 @@ def test_a_failing_script_prints_its_traceback_then_the_confirmed_diagnosis(tmp_
     assert probes["shape_trace"]["status"] == "confirmed"
     assert "conv outputs 8×8×8 = 512 features per sample; fc expects 288" in probes["shape_trace"]["detail"]
     assert probes["save_batch"]["status"] == "confirmed" and "saved batch 0" in probes["save_batch"]["detail"]
+
+
+def test_the_runner_can_take_nan_incidents_and_the_crash_path(monkeypatch):
+    taken = []
+    monkeypatch.setattr(wrapper, "incident_handler", lambda incident, tracker: taken.append((incident, tracker)))
+    monkeypatch.setattr(wrapper, "capture_owner", "runner")
+    _train(LogNet(), _nan_data(bad_at=1, steps=3))
+    assert not wrapper.installed()  # watch() left the crash path to the runner
+    (incident, tracker), = taken
+    assert incident.kind == "nan" and tracker is TRACKER
+    assert incident.facts["nan"]["step"] == 1

@@ -33,6 +33,8 @@ ON_NAN = ("report", "raise", "ignore")
 GRADIENT_CHECK_BUDGET = 0.001
 # Who prints the diagnosis of an uncaught exception: None, "install" or "runner" (the runner sets it).
 capture_owner: str | None = None
+# Where a NaN/Inf incident goes: None means diagnose_live() here; the runner may set its own (incident, tracker).
+incident_handler: Callable[[Any, Tracker], None] | None = None
 
 
 class NonFiniteError(FloatingPointError):
@@ -441,7 +443,10 @@ class NonFiniteMonitor:
         message = f"non-finite {what} at step {step}" + (f" (batch {batch_index})" if batch_index is not None else "")
         try:
             incident = self._incident(what, value, step, batch_index, gradients or [], snapshot)
-            diagnose_live(incident, None, self.tracker)
+            if incident_handler is not None:
+                incident_handler(incident, self.tracker)
+            else:
+                diagnose_live(incident, None, self.tracker)
         except Exception as failure:
             if os.environ.get("TRIAGE_DEBUG"):
                 raise
