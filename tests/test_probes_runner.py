@@ -27,6 +27,14 @@ def _sleepy(ctx):
     return ProbeResult("sleepy", "confirmed", "never")
 
 
+def _swallows(ctx):
+    try:
+        time.sleep(5)
+    except Exception as exc:  # a probe that treats whatever the user's code raised as its finding
+        return ProbeResult("swallows", "confirmed", f"found {exc!r}")
+    return ProbeResult("swallows", "refuted", "never")
+
+
 def _confirm(ctx):
     CALLS.append(ctx.diagnosis.rule)
     return ProbeResult("yes", "confirmed", "it is so")
@@ -42,7 +50,7 @@ def _not_a_result(ctx):
 
 @pytest.fixture(autouse=True)
 def test_probes(monkeypatch):
-    for name in ("_boom", "_sleepy", "_confirm", "_refute", "_not_a_result"):
+    for name in ("_boom", "_sleepy", "_swallows", "_confirm", "_refute", "_not_a_result"):
         monkeypatch.setitem(PROBES, name.strip("_"), f"{__name__}:{name}")
     CALLS.clear()
 
@@ -80,6 +88,12 @@ def test_a_probe_past_its_time_limit_is_stopped_on_the_main_thread():
     assert outcome.status == "error"
     assert outcome.detail.startswith("stopped at its time limit of 0.3 s (it was at ")
     assert "in _sleepy: `time.sleep(5)`" in outcome.detail
+
+
+def test_a_probe_cannot_mistake_its_time_limit_for_a_finding():
+    d = diagnosis("shape", "swallows")
+    run_probes([d], _ctx(time_limit_s=0.2))
+    assert d.probes[0].status == "error" and "time limit" in d.probes[0].detail
 
 
 def test_a_probe_past_its_time_limit_off_the_main_thread_is_abandoned():

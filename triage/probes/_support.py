@@ -92,8 +92,12 @@ def tracker_paused() -> Iterator[None]:
 # ---------------------------------------------------------------------------- time limits
 
 
-class ProbeTimeout(Exception):
-    """Raised inside a probe running on the main thread when its time limit is up."""
+class ProbeTimeout(BaseException):
+    """Raised inside a probe running on the main thread when its time limit is up.
+
+    A BaseException, so that a probe's `except Exception` around the user's code
+    cannot take the time limit for a finding.
+    """
 
 
 @dataclass
