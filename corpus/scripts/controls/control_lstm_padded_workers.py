@@ -1,8 +1,7 @@
-"""Passing control: variable-length sequences padded by a collate_fn, loaded by two workers,
-classified by a batch_first LSTM with a [N]-shaped BCEWithLogits target.
+"""Passing control: variable-length sequences padded by a collate_fn and loaded by two workers.
 
 The correct versions of corpus bugs: pad_sequence in collate, batch_first=True,
-logits squeezed to the labels' shape, float targets, hidden state not carried over.
+logits squeezed to the labels' [N] shape, float targets, hidden state not carried over.
 """
 
 import torch
