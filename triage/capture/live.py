@@ -269,13 +269,19 @@ def _find_live_objects(live: LiveCapture, frames: list[types.FrameType], tracker
         owner = frame.f_locals.get("self") if frame.f_code.co_argcount else None
         if isinstance(owner, torch.nn.Module) and frame.f_code.co_name not in _MODULE_CALL_FUNCTIONS:
             module_frames.append((frame, owner))
+    # A loss called as a module (`criterion(logits, y)`) is the loss function, never the model.
+    loss_type = getattr(getattr(torch.nn, "modules", None), "loss", None)
+    loss_type = getattr(loss_type, "_Loss", ())
     if module_frames:
         frame, module = module_frames[-1]
         live.module = module
         live.module_args, live.module_kwargs = _call_arguments(frame)
-        if live.model is None:
-            live.model = module_frames[0][1]
-        live.module_name = _module_name(live.model, module)
+        models = [owner for _frame, owner in module_frames if not isinstance(owner, loss_type)]
+        if live.model is None and models:
+            live.model = models[0]
+        if live.loss_fn is None and isinstance(module_frames[0][1], loss_type):
+            live.loss_fn = module_frames[0][1]
+        live.module_name = _module_name(live.model, module) if live.model is not None else type(module).__name__
     data = sys.modules.get("torch.utils.data")
     if live.model is None or live.loader is None or live.optimizer is None:
         for frame in reversed(frames):
@@ -286,7 +292,9 @@ def _find_live_objects(live: LiveCapture, frames: list[types.FrameType], tracker
             except Exception:
                 continue
             for value in values:
-                if live.model is None and isinstance(value, torch.nn.Module) and _is_bigger(value, live.model):
+                if isinstance(value, loss_type):
+                    live.loss_fn = live.loss_fn or value
+                elif live.model is None and isinstance(value, torch.nn.Module) and _is_bigger(value, live.model):
                     live.model = value
                 elif live.optimizer is None and isinstance(value, torch.optim.Optimizer):
                     live.optimizer = value
