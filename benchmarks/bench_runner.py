@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -85,23 +85,36 @@ def _timed(command: list[str], cwd: Path) -> tuple[float, subprocess.CompletedPr
     return time.perf_counter() - started, result
 
 
+def _cpu_timed(command: list[str], cwd: Path) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Wall seconds and CPU seconds (user + system, the process and its children) of one run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    seconds, result = _timed(command, cwd)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), result
+
+
 def overhead(folder: Path, runs: int, epochs: int) -> None:
     script = folder / "train.py"
     script.write_text(TRAINING.replace("EPOCHS", str(epochs)))
-    plain_times, triage_times = [], []
+    plain_times, triage_times, plain_cpu, triage_cpu = [], [], [], []
     _timed([sys.executable, str(script)], folder)  # warm the page cache
     for _ in range(runs):
-        seconds, plain = _timed([sys.executable, str(script)], folder)
+        seconds, cpu, plain = _cpu_timed([sys.executable, str(script)], folder)
         plain_times.append(seconds)
-        seconds, triaged = _timed([sys.executable, "-m", "triage", str(script)], folder)
+        plain_cpu.append(cpu)
+        seconds, cpu, triaged = _cpu_timed([sys.executable, "-m", "triage", str(script)], folder)
         triage_times.append(seconds)
+        triage_cpu.append(cpu)
         assert plain.returncode == triaged.returncode == 0, triaged.stderr
         assert plain.stdout == triaged.stdout and triaged.stderr == plain.stderr
     plain_median, triage_median = statistics.median(plain_times), statistics.median(triage_times)
     print(f"succeeding script ({plain.stdout.strip()}), {runs} runs each, interleaved:")
-    print(f"  plain python  median {plain_median:.3f} s  (runs: {', '.join(f'{t:.2f}' for t in plain_times)})")
-    print(f"  python -m triage median {triage_median:.3f} s  (runs: {', '.join(f'{t:.2f}' for t in triage_times)})")
-    print(f"  ratio triage/plain: {triage_median / plain_median:.3f}  (target <= 1.05)")
+    print(f"  plain python     median {plain_median:.3f} s wall, {statistics.median(plain_cpu):.3f} s CPU"
+          f"  (runs: {', '.join(f'{t:.2f}' for t in plain_times)})")
+    print(f"  python -m triage median {triage_median:.3f} s wall, {statistics.median(triage_cpu):.3f} s CPU"
+          f"  (runs: {', '.join(f'{t:.2f}' for t in triage_times)})")
+    print(f"  ratio triage/plain: {triage_median / plain_median:.3f} wall (target <= 1.05), "
+          f"{statistics.median(triage_cpu) / statistics.median(plain_cpu):.3f} CPU")
     start = [sys.executable, "-c", "pass"]
     python_start = statistics.median(_timed(start, folder)[0] for _ in range(5))
     print(f"  (for scale: starting an empty python takes {python_start:.3f} s here)")

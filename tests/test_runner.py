@@ -332,6 +332,41 @@ def test_json_copy_and_default_folder(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "copy" / "report.json").read_text()) == report(folders[0])
 
 
+def test_team_rules_and_rank(tmp_path: Path) -> None:
+    write(tmp_path, "rules/team.yaml", """\
+        - id: team.missing-shard
+          category: python
+          title: Shard {{ shard }} is missing from the data bucket
+          confidence: 0.95
+          match:
+            exception: FileNotFoundError
+            message: 'shard-(?P<shard>\\d+)\\.tar'
+          hypothesis: The nightly sync did not copy shard {{ shard }}.
+          fix: Re-run the sync job for shard {{ shard }}.
+          examples:
+            match: ["FileNotFoundError: [Errno 2] No such file or directory: 'shard-0042.tar'"]
+            no_match: ["FileNotFoundError: [Errno 2] No such file or directory: 'config.yaml'"]
+    """)
+    write(tmp_path, "load.py", "open('shard-0042.tar')\n")
+    result = triage("--rules", "rules", "--report-dir", "out", "load.py", cwd=tmp_path, env=_env(RANK="3"))
+    assert result.returncode == 1
+    assert "Shard 0042 is missing from the data bucket" in result.stderr
+    data = report(tmp_path / "out")
+    assert data["diagnoses"][0]["rule"] == "team.missing-shard" and data["incident"]["rank"] == 3
+    default = triage("load.py", cwd=tmp_path, env=_env(RANK="3"))
+    assert default.returncode == 1
+    assert [p.name.split("-", 2)[-1] for p in (tmp_path / "triage-reports").iterdir()] == ["load-rank3"]
+
+
+def test_the_parent_never_imports_torch() -> None:
+    code = (
+        "import sys; import triage.runner.supervisor, triage.runner.postmortem, triage.runner.pipeline, "
+        "triage.capture.faultdump, triage.report_dir, triage.kb; print('torch' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=REPO)
+    assert result.stdout == "False\n", result.stderr
+
+
 # --- DataLoader workers and hangs: these need torch ------------------------------------------
 
 torch_needed = pytest.importorskip

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..capture.environment import relevant_env_vars
+from ..capture.environment import launcher_rank, relevant_env_vars
 from ..capture.faultdump import Dump, format_stack, parse_dumps, without_hidden_frames
 from ..incident import ExceptionInfo, Frame, Incident
 from .channel import CRASH_DUMP, DUMP_SIGNAL, ENVIRONMENT, STACK_DUMP, WORKERS, Beat, Channel
@@ -189,7 +189,7 @@ def hang_incident(channel: Channel, processes: list[ProcessStacks], beat: Beat, 
         summary.append(line)
         exceptions.append(ExceptionInfo(type="Hang", message=line, frames=frames, worker=process.worker))
         other_threads += _other_threads(process, beat)
-    incident = Incident(kind="hang", source="run", exception=exceptions[0], exceptions=exceptions)
+    incident = Incident(kind="hang", source="run", exception=exceptions[0], exceptions=exceptions, rank=launcher_rank())
     incident.log_lines = list(summary)
     incident.facts = {
         "hang_summary": summary,
@@ -337,7 +337,7 @@ def crash_incident(channel: Channel, signum: int, oom_before: int | None, oom_af
     dumps = [dump for dump in parse_dumps(raw) if dump.fatal]
     # SIGKILL leaves no dump; any there came from DataLoader workers earlier.
     dump = dumps[-1] if dumps and signum != signal.SIGKILL else None
-    incident = Incident(kind="hard-crash", source="run", signal=name, exit_code=128 + signum)
+    incident = Incident(kind="hard-crash", source="run", signal=name, exit_code=128 + signum, rank=launcher_rank())
     texts: dict[str, str] = {}
     if dump is not None:
         crashed = dump.crashed_thread()

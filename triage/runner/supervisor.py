@@ -54,7 +54,7 @@ class Supervisor:
             "args": list(options.args),
             "report_dir": os.path.abspath(options.report_dir) if options.report_dir else None,
             "report_root": os.path.join(cwd, "triage-reports"),
-            "label": options.label,
+            "label": options.label + (f"-rank{rank}" if (rank := os.environ.get("RANK", "")).isdigit() else ""),
             "run_id": f"{os.getpid()}-{time.time_ns()}",
             "json": os.path.abspath(options.json) if options.json else None,
             "probes": options.probes,
