@@ -109,7 +109,6 @@ class Session:
                 live.incident.facts["dead_workers"] = [info for info, _ in dead]
             timings = {"capture_s": time.monotonic() - started}
             self.reporter.handle(live.incident, live=live, timings=timings)
-            timings["total_s"] = time.monotonic() - started
             self.handled = "exception"
             self.write_status()
         except KeyboardInterrupt:

@@ -26,7 +26,8 @@ options:
   --json FILE             also write the JSON report to FILE
   --no-probes             do not run confirmation experiments
   --hang-timeout SECONDS  no progress (batches, optimizer steps) for this long is a hang
-                          (default 300; 0 turns hang detection off)
+                          (default 300; 0 turns it off); make it longer than the longest
+                          stretch without either (evaluation without a DataLoader, saving)
   --on-hang report|kill   after a hang report keep the run going (default) or stop it
                           (the exit status is then 124, as with timeout(1))
   --rules PATH            extra rule file or folder (repeatable)

@@ -31,7 +31,7 @@ KILL_GRACE_S = 3.0
 
 
 class Supervisor:
-    """Runs one script under triage and returns (or dies with) its exit status."""
+    """Runs one script under triage and ends this process with the script's exit status (or its signal)."""
 
     def __init__(self, options: RunOptions) -> None:
         self.options = options
@@ -64,15 +64,25 @@ class Supervisor:
         }
 
     def run(self) -> NoReturn:
-        config = self.config()
-        self.channel = Channel.create()
+        try:
+            config = self.config()
+            self.channel = Channel.create()
+        except Exception as exc:  # no temporary folder, no triage: the script still runs
+            _internal_error(exc, "preparing the run")
+            _exec_plain_python(self.options)
         watched = {signal.SIGCHLD} | {sig for sig in FORWARDED_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
         previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
         self._oom_before = oom_kill_count()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         parent = os.getpid()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # out of processes or memory for a second one
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+            self.channel.remove()
+            _internal_error(exc, "starting the child")
+            _exec_plain_python(self.options)
         if pid == 0:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
             _die_with_parent(parent)
