@@ -22,7 +22,7 @@ from functools import lru_cache
 from ..capture.environment import launcher_rank, relevant_env_vars
 from ..capture.faultdump import Dump, format_stack, parse_dumps, without_hidden_frames
 from ..incident import ExceptionInfo, Frame, Incident
-from .channel import CRASH_DUMP, DUMP_SIGNAL, ENVIRONMENT, STACK_DUMP, WORKERS, Beat, Channel
+from .channel import CRASH_DUMP, DUMP_SIGNAL, ENVIRONMENT, STACK_DUMP, WORKERS, Beat, Channel, dump_ready_marker
 
 DUMP_WAIT_S = 2.0
 DUMP_QUIET_S = 0.1
@@ -133,8 +133,9 @@ def collect_stacks(channel: Channel, child_pid: int) -> list[ProcessStacks]:
             stacks.skipped = "already exited"
             continue
         stacks.state = state[0]
-        if pid != child_pid and _cmdline(pid) != own:
-            stacks.skipped = "started by exec (spawn/forkserver or another program), so it has no stack-dump handler"
+        forked = _cmdline(pid) == own  # a fork without exec inherited the handler
+        if pid != child_pid and not forked and not os.path.exists(channel.file(dump_ready_marker(pid))):
+            stacks.skipped = "started by exec (spawn/forkserver or another program) without the stack-dump handler"
             continue
         stacks.raw = _dump_one(channel, pid)
         dumps = parse_dumps(stacks.raw)
@@ -182,7 +183,8 @@ def hang_incident(channel: Channel, processes: list[ProcessStacks], beat: Beat, 
     other_threads += _other_threads(main, beat)
     for process in processes[1:]:
         if process.dump is None:
-            summary.append(f"{process.label}: stack not read ({process.skipped})")
+            if process.role == "worker":  # other helper processes (a resource tracker) would only add noise
+                summary.append(f"{process.label}: stack not read ({process.skipped})")
             continue
         frames = _main_thread(process, beat)
         line = f"{process.label} {_describe(frames, process.state)}"
