@@ -14,8 +14,11 @@ _LIBRARY_PATH = re.compile(
       [\\/](?:site|dist)-packages[\\/]
     | [\\/]lib[\\/]python\d(?:\.\d+)?[\\/]        # CPython's standard library (posix)
     | [\\/]Lib[\\/](?!site-packages)              # CPython's standard library (windows)
-    | [\\/]torch[\\/](?:nn|utils|autograd|_tensor|_dynamo|_inductor|distributed|cuda|multiprocessing|serialization|functional)
+    | [\\/](?:torch|torchvision|torchaudio|transformers|accelerate|lightning|pytorch_lightning|lightning_fabric
+              |deepspeed|timm|peft|diffusers|datasets|torchmetrics|apex|fairscale|xformers|triton|numpy|tqdm)[\\/]
+              (?!(?:.*[\\/])?(?:examples|scripts)[\\/])   # a clone's examples are someone's own scripts
     | ^<frozen\ | ^<string>$ | ^<__array_function__
+    | [\\/]bin[\\/](?:torchrun|accelerate|deepspeed|lightning|python[\d.]*)$   # launchers
     """,
     re.VERBOSE,
 )

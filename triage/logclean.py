@@ -23,20 +23,29 @@ _RANK_PREFIXES = (
 )
 
 _RECORD_PREFIXES = (
-    # 2024-03-01 12:34:56,789 / 2024-03-01T12:34:56.789Z, optionally bracketed, then a level
+    # 2024-03-01 12:34:56,789 / [2024-03-01T12:34:56.789Z], then up to four tokens such as
+    # [INFO], [trainer.py:88], "- root - INFO -", "| INFO |" or "torch._dynamo.convert_frame: [WARNING]"
     re.compile(
         r"\[?\d{4}-\d\d-\d\d[ T_]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?"
-        r"(?:\s*[|:-]?\s*\[?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]?)?"
-        r"(?:\s*[|:-]?\s*\[?[\w.<>]+(?::\d+)?\]?\s*[|:-])?\s?"
+        r"(?:\s*(?:\[[^\]\n]{1,80}\]|(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b|[|-]\s*[\w.<>]+(?=\s*[|:-])"
+        r"|[a-z_][\w.]*:(?=\s+\[))){0,4}"
+        r"(?:\s*[|:-])?\s?"
     ),
-    # glog style, as torchelastic and c10 print: E1105 12:34:56.789000 1234 path/file.py:123]
-    re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+[^\]\s]+\]\s?"),
+    # glog style, as torchelastic and c10 print: E1105 12:34:56.789000 1234 path/file.py:123] or [W1105 ... file.cpp:1168]
+    re.compile(r"\[?[IWEF]\d{3,4} \d\d:\d\d:\d\d\.\d+(?: +\d+)? +[^\]\s]+\] ?"),
     # python logging's default format: ERROR:root: / WARNING:torch.distributed.run:
     re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.<>]+:\s?"),
+    # vLLM and friends: ERROR 04-01 23:46:56 [engine.py:160]
+    re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]\n]{1,80}\] ?"),
     # [12:34:56] / 12:34:56 timestamps with a level
     re.compile(r"\[?\d\d:\d\d:\d\d(?:[.,]\d+)?\]?\s+(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s*[|:-]?\s?"),
 )
 
+_TRACEBACK = "Traceback (most recent call last)"
+_GLUED_ERROR = re.compile(r"(?<=\))(?:[a-z_]\w*\.)*[A-Z]\w*Error: ")
+# Where "Traceback" legitimately follows text on a line: IPython's header, a worker's
+# "Original Traceback", rich's box.
+_KEEPS_TRACEBACK_ON_LINE = re.compile(r"\s*(?:[A-Za-z_][\w.]*\s{2,}|Original |╭)")
 _PDB_LOCATION = re.compile(r"> \S.*\(\d+\)\S*\(\)")
 _QUOTE = re.compile(r"(?:> ?)+")
 
@@ -54,16 +63,26 @@ class LogLine:
 def clean_lines(text: str, first_number: int = 1) -> list[LogLine]:
     """Split `text` into cleaned lines; see the module docstring for what is removed."""
     out: list[LogLine] = []
-    in_fence = False
     for number, raw in enumerate(text.split("\n"), start=first_number):
         line = _clean_one(raw)
         if line.lstrip().startswith("```"):
-            in_fence = not in_fence
             rest = line.strip().strip("`").strip()
             if not rest or re.fullmatch(r"\w+", rest):
-                continue  # a fence line, with or without a language tag
+                # A fence, with or without a language tag: a break, like a blank line.
+                out.append(LogLine("", number))
+                continue
             line = rest
         rank, record_start, line = _strip_prefixes(line)
+        glued = _GLUED_ERROR.search(line) if "rror: " in line else None
+        if glued and glued.start() > 0:
+            # A damaged paste: an exception line run onto the code line before it.
+            out.append(LogLine(line[: glued.start()], number, rank, record_start))
+            line = line[glued.start() :]
+        before, head, after = line.partition(_TRACEBACK)
+        if head and before.strip() and not _KEEPS_TRACEBACK_ON_LINE.match(before):
+            # An exception interrupting a progress bar prints its traceback on the bar's line.
+            out.append(LogLine(before, number, rank, record_start))
+            line = head + after
         out.append(LogLine(line, number, rank, record_start))
     return out
 
@@ -79,6 +98,9 @@ def _clean_one(raw: str) -> str:
         parts = [part for part in line.rstrip("\r").split("\r") if part.strip()]
         line = parts[-1] if parts else ""
     return line.rstrip()
+
+
+_NOTEBOOK_LINK = re.compile(r"\[([^\]\n]{1,40})\]\((?:vscode-notebook-cell|file|https?):[^)\s]*\)")
 
 
 def _strip_prefixes(line: str) -> tuple[int | None, bool, str]:
@@ -107,4 +129,9 @@ def _strip_prefixes(line: str) -> tuple[int | None, bool, str]:
             break
     if len(line) > 2 and line[0] == "`" and line[-1] == "`" and line.count("`") == 2:
         line = line[1:-1]
+    if line.startswith("**"):
+        line = line[2:].removesuffix("**")  # markdown bold left around a pasted error
+    if "](" in line:
+        # VS Code notebooks print `Cell In[11], [line 13](vscode-notebook-cell:...)`.
+        line = _NOTEBOOK_LINK.sub(r"\1", line)
     return rank, record_start, line

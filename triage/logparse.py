@@ -26,13 +26,16 @@ LOG_LINES_TAIL = 200
 LOG_LINES_NOTABLE = 200
 
 _TRACEBACK_HEAD = re.compile(r"\s*(?:Original )?Traceback \(most recent call last\):?\s*$")
+_RICH_HEAD = re.compile(r"╭─+ Traceback \(most recent call last\) ─+╮")
+_RICH_FRAME = re.compile(r"(?P<file>[^\s│╭╰].*?):(?P<line>\d+) in ?(?P<func>[\w.<>]*)$")
+_RICH_ARROW = re.compile(r"❱\s*\d+\s*(?:│\s*)*(?P<code>.*)$")
 _IPYTHON_HEAD = re.compile(r"(?P<type>[A-Za-z_][\w.]*)\s{2,}Traceback \(most recent call last\)")
 _VSCODE_HEAD = re.compile(r"Exception has occurred: (?P<type>[A-Za-z_][\w.]*)\s*$")
 _CAUSE = "The above exception was the direct cause of the following exception"
 _CONTEXT = "During handling of the above exception, another exception occurred"
 
 _FRAME = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+)(?:, in (?P<func>.+?))?\s*$')
-_IPY_CELL = re.compile(r"\s*Cell In ?\[(?P<cell>\d+)\], line (?P<line>\d+)")
+_IPY_CELL = re.compile(r"\s*Cell In ?\[(?P<cell>\d+)\], line (?P<line>\d+)(?:, in (?P<func>[^(\s]+))?")
 _IPY_INPUT = re.compile(r"\s*Input In ?\[(?P<cell>\d+)\], in (?P<func>.+?)(?:\(\))?\s*$")
 _IPY_FILE = re.compile(r"\s*File (?P<file>[^\"\s].*?):(?P<line>\d+), in (?P<func>[^(\s]+)")
 _IPY_OLD = re.compile(r"(?P<file><ipython-input-[^>]+>|[~/.][^\s]*|[A-Za-z]:\\\S*) in (?P<func>[\w.<>]+)(?:\(.*\))?\s*$")
@@ -45,14 +48,19 @@ _REPEATED = re.compile(r"\s*\[Previous line repeated (?P<count>\d+) more times?\
 _EXCEPTION_LINE = re.compile(r"(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*)(?::(?: (?P<msg>.*)|$)|$)")
 # With no traceback around it, only names that read as errors count.
 _BARE_ERROR_LINE = re.compile(
-    r"(?P<type>(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Interrupt|Exit|Failure))(?::(?: (?P<msg>.*)|$)|$)"
+    r"(?P<type>(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Interrupt|Exit|Failure)|(?:[a-z_]\w*\.){2,}[A-Z]\w*)"
+    r"(?::(?: (?P<msg>.*)|$)|$)"
 )
 
+# Lines that never continue an exception message, though printed right after one.
+_NOT_MESSAGE = re.compile(
+    r"\S+\.(?:cu|cuh|cpp|h|c):\d+: .*Assertion `|\S+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)|\[W\d{3,4} "
+)
 _WORKER = re.compile(r"in DataLoader worker process (?P<worker>\d+)")
 _SPAWNED_PROCESS = re.compile(r"-- Process (?P<rank>\d+) terminated with the following error")
 _WRAPPER_TYPES = {"ChildFailedError", "ProcessRaisedException", "ProcessExitedException", "Empty"}
 
-_TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+)")
+_TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+) \(local_rank:")
 _TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)")
 _SIGNAL_RECEIVED = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG[A-Z]+)\) received by PID")
 _SHELL_DEATH = re.compile(
@@ -68,10 +76,17 @@ _SIGNALS = {
     "Floating point exception": ("SIGFPE", 8),
     "Illegal instruction": ("SIGILL", 4),
 }
-_NAN_LINE = re.compile(r"(?i)\b(?:loss|grad(?:ient)?s?(?: norm)?)\b[^\n]{0,40}?[=:]\s*[-+]?(?:nan|inf)\b|\bnan\b[^\n]{0,30}\b(?:loss|detected|encountered)\b")
-_NOTABLE = re.compile(
-    r"(?i)error|assert|\bnan\b|\binf\b|killed|signal|nccl|warn|exception|timeout|timed out|fail|out of memory|segmentation|bus error|abort"
+_NAN_LINE = re.compile(
+    r"(?i)(?:loss|grad(?:ient)?s?(?:[ _]norm)?)['\"\]]?\s*[=:]?\s*[-+]?(?:nan|inf)\b"
+    r"|\bnan\b[^\n]{0,30}\b(?:loss|detected|encountered)\b"
 )
+# Words that make a line worth keeping from anywhere in a log; plain substring tests on the
+# lower-cased line, which are far cheaper than a case-insensitive alternation.
+_NOTABLE_WORDS = (
+    "error", "assert", "nan", "inf", "killed", "signal", "nccl", "warn", "exception", "timeout",
+    "timed out", "fail", "out of memory", "segmentation", "abort",
+)  # fmt: skip
+_DEATH_WORDS = ("Signal ", "exitcode", "rank", "Killed", "fault", "Bus error", "Aborted", "exception", "instruction")
 
 
 @dataclass
@@ -118,6 +133,9 @@ class _TracebackScanner:
         lines, i = self.lines, 0
         while i < len(lines):
             text = lines[i].text
+            if "Traceback" in text and text.startswith("╭") and _RICH_HEAD.match(text):
+                i = self._read_rich_traceback(i + 1)
+                continue
             if "Traceback" in text and (_TRACEBACK_HEAD.match(text) or _IPYTHON_HEAD.match(text)):
                 ipython = _IPYTHON_HEAD.match(text)
                 i = self._read_traceback(i + 1, preset_type=ipython.group("type") if ipython else None)
@@ -127,6 +145,10 @@ class _TracebackScanner:
                 if vscode:
                     i = self._read_vscode(i + 1, vscode.group("type"))
                     continue
+            if 'File "' in text and _FRAME.match(text):
+                # A traceback pasted without its header: its frames start here.
+                i = self._read_traceback(i)
+                continue
             if _CAUSE in text:
                 self.pending_link = "cause"
             elif _CONTEXT in text:
@@ -178,6 +200,8 @@ class _TracebackScanner:
                 i += 1
                 continue
             if frame is not None and text[0] in " \t-":
+                if lines[i].record_start and frame.code is not None and _EXCEPTION_LINE.match(stripped):
+                    break  # a logger's padding indents the exception line too
                 arrow = _IPY_ARROW.match(stripped) if text[0] == "-" or stripped.startswith("-") else None
                 if arrow:
                     frame.line = frame.line or int(arrow.group("line"))
@@ -193,7 +217,44 @@ class _TracebackScanner:
                 continue
             break
 
-        frames = head + list(tail)
+        return self._finish(i, head + list(tail), omitted, start_number, preset_type, preset_message)
+
+    def _read_rich_traceback(self, i: int) -> int:
+        """rich's boxed traceback (Lightning CLI, typer): `│ path:line in func │` frames, `❱ N │ code` lines."""
+        lines = self.lines
+        frames: list[Frame] = []
+        start_number = lines[i - 1].number
+        while i < len(lines):
+            text = lines[i].text
+            if text.startswith("╰"):
+                i += 1
+                break
+            if not text.startswith("│"):
+                break
+            inner = text[1:].rstrip().removesuffix("│").strip()
+            header = _RICH_FRAME.match(inner)
+            if header:
+                function = header.group("func")
+                if not function and i + 1 < len(lines):
+                    # A long header wraps: the function name is alone on the next line.
+                    i += 1
+                    function = lines[i].text[1:].rstrip().removesuffix("│").strip()
+                frames.append(_frame(header.group("file"), header.group("line"), function or "<unknown>"))
+            elif inner.startswith("❱") and frames:
+                arrow = _RICH_ARROW.match(inner)
+                if arrow:
+                    frames[-1].code = arrow.group("code").strip()
+            i += 1
+        frames = frames[:MAX_FRAMES_HEAD] + frames[MAX_FRAMES_HEAD:][-MAX_FRAMES_TAIL:]
+        return self._finish(i, frames, 0, start_number, None, "")
+
+    def _finish(
+        self, i: int, frames: list[Frame], omitted: int, start_number: int, preset_type: str | None, preset_message: str
+    ) -> int:
+        """Read the exception line and its message after a traceback's frames."""
+        lines = self.lines
+        if i < len(lines) and lines[i].record_start:
+            lines[i] = LogLine(lines[i].text.lstrip(), lines[i].number, lines[i].rank, True)
         if i >= len(lines) or not _EXCEPTION_LINE.match(lines[i].text):
             if preset_type:
                 self._add(ExceptionInfo(preset_type, preset_message, frames, line_no=start_number), omitted)
@@ -205,18 +266,22 @@ class _TracebackScanner:
 
         match = _EXCEPTION_LINE.match(lines[i].text)
         exc_type = match.group("type")
+        # Where every line carries a timestamp, a new record does not end the message.
+        every_line_stamped = lines[i].record_start
         message_lines = [match.group("msg") or ""]
         i += 1
         size = len(message_lines[0])
         while i < len(lines) and len(message_lines) < MAX_MESSAGE_LINES and size < MAX_MESSAGE_CHARS:
             line = lines[i]
             text = line.text
-            if not text.strip() or line.record_start:
+            if not text.strip() or (line.record_start and not every_line_stamped):
                 break
             if "Traceback" in text and not text.lstrip().startswith("Original") and _TRACEBACK_HEAD.match(text):
                 break
             if _CAUSE in text or _CONTEXT in text:
                 break
+            if _NOT_MESSAGE.match(text):
+                break  # a CUDA kernel's assertion or an NCCL line printed right after the error
             message_lines.append(text)
             size += len(text)
             i += 1
@@ -264,7 +329,8 @@ def _frame(file: str, line: str | None, function: str) -> Frame:
 def _ipython_frame(text: str) -> Frame | None:
     match = _IPY_CELL.match(text)
     if match:
-        return Frame(f"Cell In[{match.group('cell')}]", int(match.group("line")), "<cell>", user=True)
+        function = match.group("func") or "<cell>"
+        return Frame(f"Cell In[{match.group('cell')}]", int(match.group("line")), function, user=True)
     match = _IPY_INPUT.match(text)
     if match:
         return Frame(f"Input In [{match.group('cell')}]", None, match.group("func"), user=True)
@@ -288,6 +354,9 @@ def _assemble(streams: list[_Stream]) -> Incident:
     candidates = [e for e in exceptions if not e.wrapper and e.short_type not in _WRAPPER_TYPES and e.type]
     root = candidates[0] if candidates else (exceptions[0] if exceptions else None)
 
+    # torchrun's failure summary is the launcher's log output, though printed as an exception message.
+    context += [LogLine(text, (e.line_no or 0) + offset, e.rank) for e in exceptions if e.short_type == "ChildFailedError"
+                for offset, text in enumerate(e.message.split("\n"), start=1)]
     incident = Incident(source="log", exception=root, exceptions=exceptions, notes=notes)
     incident.log_lines = _log_excerpt(context)
     if root is not None:
@@ -303,7 +372,8 @@ def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
     found: list[ExceptionInfo] = []
     for index, line in enumerate(context):
         text = line.text
-        if not ("Error" in text or "Exception" in text or "Interrupt" in text or "Exit" in text or "Failure" in text):
+        if not ("Error" in text or "Exception" in text or "Interrupt" in text or "Exit" in text or "Failure" in text
+                or text.startswith("torch.")):
             continue
         match = _BARE_ERROR_LINE.match(text)
         if not match:
@@ -321,7 +391,7 @@ def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
 
 def _log_excerpt(context: list[LogLine]) -> list[str]:
     """The lines worth matching against: notable ones from anywhere, and the tail."""
-    notable = [line for line in context if _NOTABLE.search(line.text)]
+    notable = [line for line in context if _is_notable(line.text)]
     if len(notable) > LOG_LINES_NOTABLE:
         half = LOG_LINES_NOTABLE // 2
         notable = notable[:half] + notable[-half:]
@@ -330,12 +400,33 @@ def _log_excerpt(context: list[LogLine]) -> list[str]:
     return [keep[number].text for number in sorted(keep) if keep[number].text.strip()]
 
 
+def _root_cause_block(texts: list[str]) -> list[str]:
+    for index, text in enumerate(texts):
+        if text.startswith("Root Cause"):
+            block = []
+            for line in texts[index + 1 :]:
+                if line.startswith("==="):
+                    break
+                block.append(line)
+            return block
+    return []
+
+
+def _is_notable(text: str) -> bool:
+    lower = text.lower()
+    return any(word in lower for word in _NOTABLE_WORDS)
+
+
 def _read_deaths(incident: Incident, context: list[LogLine], exceptions: list[ExceptionInfo]) -> None:
     """Signal deaths and exit codes from torchrun summaries, shells and faulthandler."""
-    texts = [line.text for line in context] + [
-        text for e in exceptions if e.short_type == "ChildFailedError" for text in e.message.split("\n")
-    ]
+    summary = [text for e in exceptions if e.short_type == "ChildFailedError" for text in e.message.split("\n")]
+    summary += [line.text for line in context if "Root Cause" in line.text or line.text.startswith("  ")]
+    root_block = _root_cause_block(summary)
+    # torchrun's root cause names the rank that failed first; ranks it killed afterwards say SIGTERM.
+    texts = root_block or [line.text for line in context] + summary
     for text in texts:
+        if not any(word in text for word in _DEATH_WORDS):
+            continue
         received = _SIGNAL_RECEIVED.search(text)
         if received:
             incident.signal = received.group("name")

@@ -69,46 +69,59 @@ def to_markdown(report: Report) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def to_terminal(report: Report, file: IO[str], color: bool | None = None, width: int | None = None) -> None:
-    """The concise view: the leading diagnosis with evidence and fix, alternatives after."""
-    from rich.console import Console
-    from rich.markup import escape
+Line = list[tuple[str, str]]  # (text, rich style or "") pieces of one line
 
-    if color is None:
-        color = file.isatty() and "NO_COLOR" not in os.environ
-    console = Console(
-        file=file, width=width, color_system="auto" if color else None, force_terminal=color,
-        highlight=False, emoji=False, no_color=not color, soft_wrap=not color,
-    )  # fmt: skip
-    out = console.print
+
+def terminal_lines(report: Report) -> list[Line]:
+    """The concise view as styled lines: the leading diagnosis with evidence and fix, alternatives after."""
+    lines: list[Line] = [[("triage", "bold"), (f": {_observation(report)}", "")]]
     where = _location(report)
-    out(f"[bold]triage[/]: {escape(_observation(report))}")
     if where:
-        out(f"  at {escape(where)}")
+        lines.append([(f"  at {where}", "")])
     if not report.diagnoses:
-        out("\nNo rule in the knowledge base matched this failure.")
-        out("Run with --format json for the parsed incident; add a team rule with `triage rules new`.")
+        lines += [[("", "")], [("No rule in the knowledge base matched this failure.", "")]]
+        lines.append([("Run with --format json for the parsed incident; add a team rule with `triage rules new`.", "")])
     else:
-        _terminal_diagnosis(out, escape, report.diagnoses[0], lead=True)
+        lines += _diagnosis_lines(report.diagnoses[0])
         others = report.diagnoses[1 : 1 + MAX_ALTERNATIVES]
         if others:
-            out("\n[bold]Other possibilities[/]")
+            lines += [[("", "")], [("Other possibilities", "bold")]]
             for number, diagnosis in enumerate(others, start=2):
-                out(f"  {number}. {escape(diagnosis.title)}  [dim]{diagnosis.rule} · {diagnosis.confidence:.0%}[/]")
+                lines.append([(f"  {number}. {diagnosis.title}  ", ""), (f"{diagnosis.rule} · {diagnosis.confidence:.0%}", "dim")])
     for note in report.incident.notes + report.warnings:
-        out(f"[dim]note: {escape(note)}[/]")
+        lines.append([(f"note: {note}", "dim")])
+    return lines
 
 
-def _terminal_diagnosis(out, escape, diagnosis: Diagnosis, lead: bool) -> None:
-    out(f"\n[bold red]●[/] [bold]{escape(diagnosis.title)}[/]  [dim]{diagnosis.category} · {diagnosis.rule} · {diagnosis.confidence:.0%}[/]")
-    out(f"  {escape(diagnosis.hypothesis)}")
+def _diagnosis_lines(diagnosis: Diagnosis) -> list[Line]:
+    lines: list[Line] = [[("", "")]]
+    lines.append([("● ", "bold red"), (diagnosis.title, "bold"),
+                  (f"  {diagnosis.category} · {diagnosis.rule} · {diagnosis.confidence:.0%}", "dim")])
+    lines.append([(f"  {diagnosis.hypothesis}", "")])
     if diagnosis.evidence:
-        out("\n  [bold]Evidence[/]")
-        for item in diagnosis.evidence:
-            out(f"    - {escape(item)}")
+        lines += [[("", "")], [("  Evidence", "bold")]]
+        lines += [[(f"    - {item}", "")] for item in diagnosis.evidence]
     for probe in diagnosis.probes:
         style = {"confirmed": "green", "refuted": "red"}.get(probe.status, "yellow")
-        out(f"\n  [bold]Experiment[/] {escape(probe.name)}: [{style}]{probe.status}[/]. {escape(probe.detail)}")
+        lines += [[("", "")], [("  Experiment ", "bold"), (f"{probe.name}: ", ""), (probe.status, style), (f". {probe.detail}", "")]]
     if diagnosis.confirm:
-        out(f"\n  [bold]Confirm[/]  {escape(diagnosis.confirm)}")
-    out(f"\n  [bold]Fix[/]  {escape(diagnosis.fix)}")
+        lines += [[("", "")], [("  Confirm  ", "bold"), (diagnosis.confirm, "")]]
+    lines += [[("", "")], [("  Fix  ", "bold"), (diagnosis.fix, "")]]
+    return lines
+
+
+def to_terminal(report: Report, file: IO[str], color: bool | None = None, width: int | None = None) -> None:
+    """Write the concise view: styled through rich on a colour terminal, plain text otherwise."""
+    if color is None:
+        color = file.isatty() and "NO_COLOR" not in os.environ
+    lines = terminal_lines(report)
+    if not color:
+        # rich is imported only where there is colour to show; plain output needs none of it.
+        file.write("".join("".join(text for text, _style in line) + "\n" for line in lines))
+        return
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(file=file, width=width, force_terminal=True, highlight=False, emoji=False)
+    for line in lines:
+        console.print(Text.assemble(*((text, style) for text, style in line)))

@@ -1,50 +1,112 @@
-"""`triage rules list|show|test|lint`: inspect and test the knowledge base."""
+"""`triage rules list|show|test|lint|new`: inspect, test, lint and scaffold knowledge-base rules."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from .cli import EXIT_FAILED, EXIT_OK, UsageError, _Parser
 
 
 def main(argv: list[str]) -> int:
-    parser = _Parser(prog="triage rules", description="Inspect, test and lint knowledge-base rules.")
-    parser.add_argument("--rules", action="append", default=[], metavar="PATH", help="extra rule file or folder (repeatable)")
-    sub = parser.add_subparsers(dest="command", metavar="list|show|test|lint")
+    parser = _Parser(prog="triage rules", description="Inspect, test, lint and scaffold knowledge-base rules.")
+    parser.add_argument("--rules", action="append", default=[], metavar="PATH",
+                        help="extra rule file or folder, after the search path (repeatable)")
+    sub = parser.add_subparsers(dest="command", metavar="list|show|test|lint|new")
     sub.required = True
-    sub.add_parser("list", help="every rule in force and where it comes from")
+    sub.add_parser("list", help="every rule in force, where it comes from, and what is overridden or disabled")
     show = sub.add_parser("show", help="a rule's what / why / confirm / fix and its file:line")
     show.add_argument("id")
     for name in ("test", "lint"):
         command = sub.add_parser(name, help="run rule examples" if name == "test" else "report every problem in rule files")
-        command.add_argument("paths", nargs="*", type=Path, help="rule files or folders (default: the rules in force)")
+        command.add_argument("paths", nargs="*", type=Path,
+                             help="rule files or folders to check (default: every rule in force)")
+    new = sub.add_parser("new", help="scaffold a rule (or a copy of an existing rule, to override it)")
+    new.add_argument("id", help="the new rule's id, e.g. team.fused-ln-dim; an existing id copies that rule")
+    new.add_argument("--dir", type=Path, default=None,
+                     help="rules folder to write into (default: the project's .triage/rules)")
     args = parser.parse_args(argv)
-    return {"list": _list, "show": _show, "test": _test, "lint": _lint}[args.command](args)
+    return {"list": _list, "show": _show, "test": _test, "lint": _lint, "new": _new}[args.command](args)
 
 
-def _kb(args: argparse.Namespace):
-    from .kb import load_knowledge_base, load_paths
+@dataclass
+class _Selection:
+    """The knowledge base loaded for a command, the rules it checks and the loading problems it reports."""
 
-    if getattr(args, "paths", None):
-        return load_paths(args.paths, origin="given")
-    return load_knowledge_base([Path(p) for p in args.rules])
+    kb: object
+    rules: list
+    problems: list
+
+
+def _select(args: argparse.Namespace) -> _Selection:
+    """With PATHs: the built-in rules plus those paths, checking only the paths' rules. Otherwise the search path."""
+    from .kb import load_knowledge_base, load_layers
+    from .kb.loader import builtin_rules_dir, display_path
+    from .kb.searchpath import Layer
+
+    paths = list(getattr(args, "paths", None) or [])
+    if not paths:
+        kb = load_knowledge_base([Path(p) for p in args.rules])
+        return _Selection(kb, kb.rules, kb.problems)
+    builtin = builtin_rules_dir().resolve()
+    given = [Layer("given", path, required=True) for path in paths]
+    includes_builtin = any(path.resolve() == builtin for path in paths)
+    kb = load_layers(given if includes_builtin else [Layer("built-in", builtin), *given])
+    builtin_prefix = display_path(builtin)
+    problems = [p for p in kb.problems if includes_builtin or not _inside(p.path, builtin_prefix)]
+    return _Selection(kb, [rule for rule in kb.rules if rule.origin == "given"], problems)
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/\\") + "/") or path.startswith(folder + "\\")
 
 
 def _list(args: argparse.Namespace) -> int:
-    kb = _kb(args)
-    width = max((len(rule.id) for rule in kb.rules), default=10)
+    from .kb.searchpath import user_rules_dir
+
+    kb = _select(args).kb
+    print("rule search path (earliest first; a later rule replaces an earlier one with the same id):")
+    origins = {layer.origin for layer in kb.layers}
+    rows = [(layer.origin, layer.path, f"{layer.rules} rules" + (f", config {layer.config}" if layer.config else ""))
+            for layer in kb.layers]  # fmt: skip
+    if "user" not in origins:
+        rows.insert(1, ("user", str(user_rules_dir()), "absent"))
+    if "project" not in origins:
+        rows.insert(2, ("project", ".triage/rules", "none found upward from the working directory"))
+    for origin, path, note in rows:
+        print(f"  {origin:<13} {path}  ({note})")
+    overrides = {o.by.id: o.replaced for o in kb.overridden}
+    width = max((len(rule.id) for rule in [*kb.rules, *(d.rule for d in kb.disabled)]), default=10)
+    print()
     for rule in kb.rules:
-        print(f"{rule.id:<{width}}  {rule.category:<12} {rule.title}  [{rule.location}]")
-    print(f"{len(kb.rules)} rules", file=sys.stderr)
+        note = ""
+        if rule.id in overrides:
+            replaced = overrides[rule.id]
+            note = f"  (overrides {replaced.origin} {replaced.location})"
+        print(f"{rule.id:<{width}}  {rule.category:<12} {rule.origin:<13} {rule.location}{note}")
+    if kb.disabled:
+        print("\ndisabled:")
+        for item in kb.disabled:
+            rule = item.rule
+            print(f"{rule.id:<{width}}  {rule.category:<12} {rule.origin:<13} {rule.location}  (disabled by {item.at})")
+    if kb.probes:
+        print("\ncustom probes:")
+        for probe in kb.probes.values():
+            print(f"  {probe.name}  {probe.target}  ({probe.origin})")
+    summary = f"{len(kb.rules)} rules in force, {len(kb.overridden)} overridden, {len(kb.disabled)} disabled"
+    print(summary, file=sys.stderr)
     _warn(kb.problems)
     return EXIT_OK
 
 
 def _show(args: argparse.Namespace) -> int:
-    kb = _kb(args)
+    kb = _select(args).kb
     rule = kb.get(args.id)
+    disabled = next((d for d in kb.disabled if d.rule.id == args.id), None)
+    if rule is None and disabled is not None:
+        rule = disabled.rule
     if rule is None:
         from difflib import get_close_matches
 
@@ -52,6 +114,11 @@ def _show(args: argparse.Namespace) -> int:
         raise UsageError(f"no rule '{args.id}'" + (f"; did you mean '{close[0]}'?" if close else ""))
     print(f"{rule.id}  ({rule.category}, confidence {rule.confidence:.2f})")
     print(f"defined at {rule.location}  [{rule.origin}]")
+    for override in kb.overridden:
+        if override.by is rule:
+            print(f"overrides {override.replaced.location}  [{override.replaced.origin}]")
+    if disabled is not None:
+        print(f"DISABLED by {disabled.at}  [{disabled.origin}]")
     for heading, text in (("What", rule.title), ("Why", rule.hypothesis), ("Confirm", rule.confirm), ("Fix", rule.fix)):
         if text:
             print(f"\n{heading}\n  " + text.strip().replace("\n", "\n  "))
@@ -70,29 +137,45 @@ def _show(args: argparse.Namespace) -> int:
 def _test(args: argparse.Namespace) -> int:
     from .kb.selftest import test_rules
 
-    kb = _kb(args)
-    _warn(kb.problems)
-    count, failures = test_rules(kb)
+    selection = _select(args)
+    _warn(selection.problems)
+    count, failures = test_rules(selection.kb, selection.rules)
     for failure in failures:
         print(failure)
     passed = count - len(failures)
-    print(f"{passed} passed, {len(failures)} failed ({len(kb.rules)} rules)")
-    return EXIT_FAILED if failures or kb.problems else EXIT_OK
+    print(f"{passed} passed, {len(failures)} failed ({len(selection.rules)} rules)")
+    return EXIT_FAILED if failures or selection.problems else EXIT_OK
 
 
 def _lint(args: argparse.Namespace) -> int:
-    from .kb.selftest import test_rules
+    from .kb.lint import format_problem, lint
 
-    kb = _kb(args)
-    problems = [str(p) + (f"\n    help: {p.hint}" if p.hint else "") for p in kb.problems]
-    _count, failures = test_rules(kb)
-    problems += [str(f) for f in failures]
+    selection = _select(args)
+    problems = lint(selection.kb, selection.rules, selection.problems)
     for problem in problems:
-        print(problem)
-    print(f"{len(kb.rules)} rules, {len(problems)} problem(s)", file=sys.stderr)
+        print(format_problem(problem) + "\n")
+    files = len({rule.path for rule in selection.rules})
+    print(f"{len(selection.rules)} rules in {files} files, {len(problems)} problem(s)", file=sys.stderr)
     return EXIT_FAILED if problems else EXIT_OK
+
+
+def _new(args: argparse.Namespace) -> int:
+    from .kb import load_knowledge_base
+    from .kb.rule import ID_PATTERN
+    from .kb.scaffold import ScaffoldError, write_rule
+    from .kb.searchpath import PROJECT_RULES, find_project_rules
+
+    if not ID_PATTERN.fullmatch(args.id):
+        raise UsageError(f"'{args.id}' is not a rule id: use dotted lower-case words, e.g. team.fused-ln-dim")
+    folder = args.dir or find_project_rules() or Path.cwd() / PROJECT_RULES
+    try:
+        written = write_rule(args.id, folder, load_knowledge_base([Path(p) for p in args.rules]))
+    except ScaffoldError as exc:
+        raise UsageError(str(exc)) from None
+    print(written.message)
+    return EXIT_OK
 
 
 def _warn(problems) -> None:
     for problem in problems:
-        print(f"triage: warning: rule skipped: {problem}", file=sys.stderr)
+        print(f"triage: warning: {problem}", file=sys.stderr)

@@ -29,9 +29,18 @@ class Tracker:
     last_loss: Any = None
     last_progress: float = field(default_factory=time.monotonic)
     listeners: list[Callable[[str, int], None]] = field(default_factory=list)
+    # The arguments of the model's and the loss function's latest calls, (args, kwargs), by reference.
+    model_call: tuple[tuple, dict] | None = None
+    loss_call: tuple[tuple, dict] | None = None
+    # Non-zero while triage itself iterates a DataLoader or runs a model (probes): not the user's progress.
+    suspended: int = 0
+    # True inside `triage.watch(...)`, whose own hooks then count steps and check for NaN.
+    watch_active: bool = False
 
     def on_batch(self, batch: Any, loader: Any = None) -> None:
         """A DataLoader yielded `batch` (held by reference)."""
+        if self.suspended:
+            return
         self.batch = batch
         self.batch_index = self.batches_seen
         self.batches_seen += 1
@@ -47,7 +56,9 @@ class Tracker:
         self._progress("iter", self.iterators)
 
     def on_step(self, optimizer: Any = None) -> None:
-        """An optimizer step finished."""
+        """An optimizer step (triage's hooks count it as it begins: one hook per step is cheaper than two)."""
+        if self.suspended:
+            return
         self.steps += 1
         if optimizer is not None and self.optimizer is None:
             self.optimizer = optimizer

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..probes import CustomProbe
+from .cache import cached
 from .rule import Problem, Rule, build_rule
-from .yamlpos import LocatedList, Position, YamlError, load_located
+from .yamlpos import MAX_RULE_FILE_BYTES, LocatedList, Position, YamlError, load_located
 
 RULE_SUFFIXES = (".yaml", ".yml")
 
@@ -18,12 +22,43 @@ def builtin_rules_dir() -> Path:
     return installed if installed.is_dir() else package.parent / "knowledge_base"
 
 
+@dataclass(frozen=True)
+class Override:
+    """A rule replaced by a later layer's rule with the same id."""
+
+    replaced: Rule
+    by: Rule
+
+
+@dataclass(frozen=True)
+class Disabled:
+    """A rule taken out of force by a rules folder's triage.yaml, and where that is written."""
+
+    rule: Rule
+    at: str  # file:line of the `disable` entry
+    origin: str  # the layer whose triage.yaml disabled it
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """One layer as loaded: where it is, which part of the search path, how many rules it gave."""
+
+    origin: str
+    path: str
+    rules: int
+    config: str | None = None
+
+
 @dataclass
 class KnowledgeBase:
     """The rules in force, in load order, and the problems found while loading them."""
 
     rules: list[Rule] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    layers: list[LayerInfo] = field(default_factory=list)
+    overridden: list[Override] = field(default_factory=list)
+    disabled: list[Disabled] = field(default_factory=list)
+    probes: dict[str, CustomProbe] = field(default_factory=dict)
 
     def get(self, rule_id: str) -> Rule | None:
         for rule in self.rules:
@@ -33,16 +68,46 @@ class KnowledgeBase:
 
 
 def rule_files(path: Path) -> list[Path]:
-    """The rule files under a path: the file itself, or every YAML file in a folder tree, sorted."""
+    """The rule files under a path: the file itself, or every YAML file in a folder tree, sorted.
+
+    A folder's own triage.yaml is its configuration, not rules; hidden files and folders are skipped.
+    """
+    from .searchpath import CONFIG_NAME
+
     if path.is_file():
         return [path]
-    return sorted(p for p in path.rglob("*") if p.suffix in RULE_SUFFIXES and p.is_file())
+    found = []
+    for file in path.rglob("*"):
+        relative = file.relative_to(path)
+        if file.suffix not in RULE_SUFFIXES or any(part.startswith(".") for part in relative.parts):
+            continue
+        if relative == Path(CONFIG_NAME) or not file.is_file():
+            continue
+        found.append(file)
+    return sorted(found)
 
 
-def load_rule_file(path: Path, display: str | None = None) -> tuple[list[Rule], list[Problem]]:
-    """Load one YAML file holding a list of rules."""
+def load_rule_file(
+    path: Path, display: str | None = None, probes: frozenset[str] | None = None
+) -> tuple[list[Rule], list[Problem]]:
+    """Load one YAML file holding a list of rules; a mistake in it never raises, it is a Problem."""
     shown = display or str(path)
     try:
+        return _load_rule_file(path, shown, probes)
+    except Exception as exc:  # a bug of ours on a strange file: skip the file, keep the rest working
+        if os.environ.get("TRIAGE_DEBUG"):
+            raise
+        message = f"internal error while loading this file ({type(exc).__name__}: {exc}); skipped"
+        return [], [Problem(shown, 1, 1, message,
+                            "set TRIAGE_DEBUG=1 for a traceback, and please report it")]
+
+
+def _load_rule_file(path: Path, shown: str, probes: frozenset[str] | None) -> tuple[list[Rule], list[Problem]]:
+    try:
+        size = path.stat().st_size
+        if size > MAX_RULE_FILE_BYTES:  # refused before reading it into memory
+            return [], [Problem(shown, 1, 1, f"file is {size / 2**20:.1f} MB, over the {MAX_RULE_FILE_BYTES >> 20} MB "
+                                             "limit for a rule file; refused", "split it into one file per family")]
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         return [], [Problem(shown, 1, 1, "not UTF-8 text")]
@@ -57,46 +122,131 @@ def load_rule_file(path: Path, display: str | None = None) -> tuple[list[Rule], 
         return [], []
     if not isinstance(data, LocatedList):
         return [], [Problem(shown, 1, 1, "a rule file is a YAML list of rules (each item starts with '- id:')")]
+    lines = text.splitlines()
     rules: list[Rule] = []
     problems: list[Problem] = []
     for item, position in zip(data, data.item_positions):
-        rule, found = build_rule(item, shown, position)
+        rule, found = build_rule(item, shown, position, probes, lines)
         problems.extend(found)
         if rule is not None:
             rules.append(rule)
     return rules, problems
 
 
-def load_paths(paths: list[Path], origin: str = "built-in") -> KnowledgeBase:
-    """Load every rule file under `paths` as one layer; a duplicated id is a problem."""
+def load_paths(paths: list[Path], origin: str = "built-in", probes: frozenset[str] | None = None) -> KnowledgeBase:
+    """Load every rule file under `paths` as one layer; an id defined twice in it is a problem."""
+    files = [file for root in paths if root.exists() for file in rule_files(root)]
+    salt = f"{origin}\0{[str(p) for p in paths]}\0{sorted(probes) if probes is not None else None}"
+    return cached(files, salt, lambda: _load_layer(paths, origin, probes))
+
+
+def _load_layer(paths: list[Path], origin: str, probes: frozenset[str] | None) -> KnowledgeBase:
     kb = KnowledgeBase()
     seen: dict[str, Rule] = {}
     for root in paths:
         if not root.exists():
-            kb.problems.append(Problem(str(root), 1, 1, "no such rule file or folder"))
+            kb.problems.append(Problem(display_path(root), 1, 1, "no such rule file or folder"))
             continue
         for file in rule_files(root):
-            rules, problems = load_rule_file(file, _display(file))
+            rules, problems = load_rule_file(file, display_path(file), probes)
             kb.problems.extend(problems)
             for rule in rules:
                 rule.origin = origin
-                if rule.id in seen:
-                    first = seen[rule.id]
-                    kb.problems.append(Problem(rule.path, rule.line, 1, f"duplicate rule id '{rule.id}'",
-                                               f"first defined at {first.location}"))
+                first = seen.get(rule.id)
+                if first is not None:
+                    kb.problems.append(Problem(rule.path, rule.line, 1,
+                                               f"rule id '{rule.id}' is defined twice: here and at {first.location}",
+                                               "ids are unique within a rules folder; rename one, or put an override "
+                                               "of a built-in rule in one place only"))
                     continue
                 seen[rule.id] = rule
                 kb.rules.append(rule)
     return kb
 
 
+def load_layers(layers: list) -> KnowledgeBase:
+    """Load the layers of a search path (searchpath.Layer) into the rules in force.
+
+    All triage.yaml files are read first, so a probe registered in any of them
+    validates in every layer; then each layer's rules replace same-id rules of
+    earlier layers (in place, keeping their rank); then disabled ids are removed.
+    """
+    from .searchpath import CONFIG_NAME, read_config
+
+    kb = KnowledgeBase()
+    configs = {}
+    for layer in layers:
+        if layer.origin != "built-in" and layer.path.is_dir():
+            shown = display_path(layer.path / CONFIG_NAME)
+            config = _contained(lambda: read_config(layer.path, shown), shown, None, kb.problems)
+            if config is not None:
+                configs[layer] = config
+                kb.problems.extend(config.problems)
+                kb.probes.update(config.probes)
+    probe_names = frozenset(kb.probes)
+    in_force: dict[str, Rule] = {}
+    for index, layer in enumerate(layers):
+        if not layer.path.exists():
+            if layer.required:
+                kb.problems.append(Problem(display_path(layer.path), 1, 1,
+                                           f"no such rule file or folder (from {layer.origin})"))
+            continue
+        loaded = _contained(lambda: load_paths([layer.path], origin=layer.origin, probes=probe_names),
+                            display_path(layer.path), KnowledgeBase(), kb.problems)
+        kb.problems.extend(loaded.problems)
+        for rule in loaded.rules:
+            rule.layer = index
+            previous = in_force.get(rule.id)
+            if previous is not None:
+                kb.overridden.append(Override(previous, rule))
+            in_force[rule.id] = rule  # a replaced key keeps its place in the dict's order
+        config = configs.get(layer)
+        config_path = config.path if config else None
+        kb.layers.append(LayerInfo(layer.origin, display_path(layer.path), len(loaded.rules), config_path))
+    for layer, config in configs.items():
+        for rule_id, position in config.disable:
+            rule = in_force.pop(rule_id, None) or _pop_alias(in_force, rule_id)
+            if rule is not None:
+                kb.disabled.append(Disabled(rule, f"{config.path}:{position.line}", layer.origin))
+            elif not any(d.rule.id == rule_id for d in kb.disabled):
+                known = sorted(in_force)
+                close = difflib.get_close_matches(rule_id, known, n=1)
+                kb.problems.append(Problem(config.path, position.line, position.col,
+                                           f"disables '{rule_id}', which no rules folder on the search path defines",
+                                           f"did you mean '{close[0]}'?" if close else "see `triage rules list`"))
+    kb.rules = list(in_force.values())
+    return kb
+
+
+def _contained(load, shown: str, fallback, problems: list[Problem]):
+    """Run one loading step; a bug of ours on a strange folder costs that folder, not the run."""
+    try:
+        return load()
+    except Exception as exc:
+        if os.environ.get("TRIAGE_DEBUG"):
+            raise
+        problems.append(Problem(shown, 1, 1, f"internal error while loading ({type(exc).__name__}: {exc}); skipped",
+                                "set TRIAGE_DEBUG=1 for a traceback, and please report it"))
+        return fallback
+
+
+def _pop_alias(in_force: dict[str, Rule], rule_id: str) -> Rule | None:
+    for key, rule in in_force.items():
+        if rule_id in rule.aliases:
+            return in_force.pop(key)
+    return None
+
+
 def load_builtin() -> KnowledgeBase:
     return load_paths([builtin_rules_dir()])
 
 
-def _display(path: Path) -> str:
+def display_path(path: Path) -> str:
     """A path as a person would type it: relative to the working directory when inside it."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
         return str(path)
+
+
+_display = display_path  # the name earlier code used

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..diagnosis import Diagnosis
@@ -23,6 +24,7 @@ def diagnose(incident: Incident, kb: KnowledgeBase, warnings: list[str] | None =
     warnings = warnings if warnings is not None else []
     log_text = "\n".join(incident.log_lines)
     best: dict[str, Diagnosis] = {}
+    layers: dict[str, int] = {}
     for order, rule in enumerate(kb.rules):
         try:
             for diagnosis in _match_rule(rule, incident, log_text, warnings):
@@ -30,9 +32,18 @@ def diagnose(incident: Incident, kb: KnowledgeBase, warnings: list[str] | None =
                 current = best.get(rule.id)
                 if current is None or diagnosis.confidence > current.confidence:
                     best[rule.id] = diagnosis
+                    layers[rule.id] = rule.layer
         except PatternTimeout as exc:
             warnings.append(f"rule {rule.id} ({rule.location}): {exc}")
-    return sorted(best.values(), key=lambda d: (-d.confidence, -d.specificity))
+        except templates.TemplateRefused as exc:
+            best.pop(rule.id, None)
+            warnings.append(f"rule {rule.id} ({rule.location}) skipped: {exc}")
+        except Exception as exc:  # a rule must never take explain down with it
+            if os.environ.get("TRIAGE_DEBUG"):
+                raise
+            warnings.append(f"rule {rule.id} ({rule.location}) skipped: internal error {type(exc).__name__}: {exc}")
+    # At equal confidence a team's rule (a later layer) goes first, then the more specific rule.
+    return sorted(best.values(), key=lambda d: (-d.confidence, -layers[d.rule], -d.specificity))
 
 
 def matches(rule: Rule, incident: Incident) -> list[dict[str, Any]]:
@@ -137,6 +148,9 @@ def _diagnosis(
     warnings: list[str],
 ) -> Diagnosis:
     matched_frame = values.pop("_frame", None)
+    # A rule that recognises a library frame (torch's worker loop, collate) still reports the user's line.
+    if matched_frame is not None and not matched_frame.user and exc is not None and exc.user_frame() is not None:
+        matched_frame = exc.user_frame()
     frame = matched_frame or (exc.user_frame() if exc else None)
     if frame is None and incident.exception is not None:
         frame = incident.exception.user_frame()
@@ -145,6 +159,8 @@ def _diagnosis(
     for name, source in rule.template_fields().items():
         try:
             rendered[name] = templates.render(source, context)
+        except templates.TemplateRefused:
+            raise  # the whole diagnosis is refused, not shown with a raw template
         except templates.TemplateError as exc_:
             warnings.append(f"rule {rule.id} ({rule.location}): {name}: {exc_}")
             rendered[name] = source.strip()

@@ -11,7 +11,7 @@ from typing import Any
 import regex
 
 from ..incident import KINDS
-from ..probes import known_probes
+from ..probes import PROBES, entry_point_probes, registered_probes
 from . import templates
 from .safe_regex import SafePattern, compile_pattern
 from .yamlpos import LocatedDict, LocatedList, Position
@@ -50,6 +50,8 @@ EXAMPLE_KEYS = {"match", "no_match"}
 EXAMPLE_ITEM_KEYS = {"log", "vars"}
 ID_PATTERN = re.compile(r"[a-z][a-z0-9-]*(?:\.[a-z0-9][a-z0-9-]*)+")
 DEFAULT_CONFIDENCE = 0.8
+# What `triage rules new` writes where the author must put real content; a rule holding one is refused.
+PLACEHOLDER = "<<fill:"
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class Example:
     log: str
     line: int
     vars: dict[str, Any] = field(default_factory=dict)
+    col: int = 1
 
 
 @dataclass
@@ -102,6 +105,7 @@ class Rule:
     path: str = ""
     line: int = 0
     origin: str = "built-in"
+    layer: int = 0  # position of its layer on the search path; later layers win ties
 
     @property
     def location(self) -> str:
@@ -130,10 +134,15 @@ class Rule:
 class _Builder:
     """Turns one rule mapping into a Rule, collecting every problem rather than the first."""
 
-    def __init__(self, data: LocatedDict, path: str) -> None:
+    def __init__(
+        self, data: LocatedDict, path: str, probes: frozenset[str] | None = None, source_lines: list[str] | None = None
+    ) -> None:
         self.data = data
         self.path = path
+        self.probes = frozenset(PROBES) | frozenset(registered_probes() if probes is None else probes)
+        self.lines = source_lines or []
         self.problems: list[Problem] = []
+        self.broken_patterns = 0
 
     def problem(self, position: Position | None, message: str, hint: str = "") -> None:
         position = position or self.data.position
@@ -145,6 +154,34 @@ class _Builder:
     def value_pos(self, mapping: Any, key: str) -> Position | None:
         return getattr(mapping, "value_positions", {}).get(key) or getattr(mapping, "position", None)
 
+    def locate(self, start: Position | None, needle: str) -> Position | None:
+        """Where `needle` is written in the value starting at `start` (a template spans lines)."""
+        if start is None or not self.lines or not needle:
+            return start
+        first = start.line - 1
+        indent = None
+        for number in range(first, min(len(self.lines), first + 200)):
+            text = self.lines[number]
+            if number > first and text.strip():
+                current = len(text) - len(text.lstrip())
+                indent = current if indent is None else indent
+                if current < indent:  # the value ended; the next key began
+                    break
+            col = text.find(needle, start.col - 1 if number == first else 0)
+            if col >= 0:
+                return Position(number + 1, col + 1)
+        return start
+
+    def pattern_error_pos(self, position: Position | None, source: str, offset: int | None) -> Position | None:
+        """The column of a regex error, when the pattern is written on one line as it is parsed."""
+        if position is None or offset is None or not self.lines or position.line > len(self.lines):
+            return position
+        text = self.lines[position.line - 1][position.col - 1 :]
+        for opening in ("'", '"', ""):
+            if text.startswith(opening + source):  # written verbatim: no YAML escapes shift the offset
+                return Position(position.line, position.col + len(opening) + offset)
+        return position
+
     def unknown_keys(self, mapping: LocatedDict, allowed: dict[str, str] | set[str], where: str) -> None:
         for key in mapping:
             if key not in allowed:
@@ -155,7 +192,8 @@ class _Builder:
     def text(self, mapping: Any, key: str, required: bool) -> str:
         value = mapping.get(key) if isinstance(mapping, dict) else None
         if value is None:
-            if required:
+            misspelt = isinstance(mapping, dict) and difflib.get_close_matches(key, [str(k) for k in mapping], n=1)
+            if required and not misspelt:  # a misspelt key is reported once, as unknown, with did-you-mean
                 self.problem(getattr(mapping, "position", None), f"missing required key '{key}'")
             return ""
         if not isinstance(value, str) or not value.strip():
@@ -179,23 +217,46 @@ class _Builder:
         sources, positions = self.string_list(mapping, key)
         compiled = []
         for source, position in zip(sources, positions):
+            if PLACEHOLDER in source:
+                continue  # reported once by check_placeholders
             try:
-                compiled.append(compile_pattern(source))
+                pattern = compile_pattern(source)
+                pattern.line, pattern.col = (position.line, position.col) if position else (0, 0)
+                compiled.append(pattern)
             except regex.error as exc:
-                offset = f" at offset {exc.pos}" if getattr(exc, "pos", None) is not None else ""
-                self.problem(position, f"bad regex in '{key}': {exc.msg if hasattr(exc, 'msg') else exc}{offset}",
+                self.broken_patterns += 1
+                offset = getattr(exc, "pos", None)
+                where = f" at position {offset}" if offset is not None else ""
+                self.problem(self.pattern_error_pos(position, source, offset),
+                             f"bad regex in '{key}': {exc.msg if hasattr(exc, 'msg') else exc}{where}",
                              "patterns use the `regex` package's syntax; escape ( ) [ ] . * + ? literally with \\")
         return compiled
 
+    def check_placeholders(self, value: Any, position: Position | None) -> None:
+        """Refuse what `triage rules new` left for the author to fill in, so a scaffold never passes."""
+        if isinstance(value, str):
+            if PLACEHOLDER in value:
+                hint = value[value.index(PLACEHOLDER) + len(PLACEHOLDER) :].split(">>")[0].strip()
+                self.problem(self.locate(position, PLACEHOLDER), "placeholder from `triage rules new` not filled in",
+                             f"replace it: {hint}" if hint else "replace it with real content")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                self.check_placeholders(item, self.value_pos(value, key))
+        elif isinstance(value, list):
+            positions = getattr(value, "item_positions", [position] * len(value))
+            for item, item_position in zip(value, positions):
+                self.check_placeholders(item, item_position)
+
     def build(self) -> Rule | None:
         data = self.data
+        self.check_placeholders(data, data.position)
         self.unknown_keys(data, RULE_KEYS, "a rule")
         rule_id = self.text(data, "id", required=True)
         if rule_id and not ID_PATTERN.fullmatch(rule_id):
             self.problem(self.value_pos(data, "id"), f"rule id '{rule_id}' is not dotted lower-case words",
                          "use family.finding, e.g. shape.linear-in-features")
         category = self.text(data, "category", required=True)
-        if category and category not in CATEGORIES:
+        if category and category not in CATEGORIES and PLACEHOLDER not in category:
             close = difflib.get_close_matches(category, CATEGORIES, n=1)
             self.problem(self.value_pos(data, "category"), f"unknown category '{category}'",
                          f"did you mean '{close[0]}'?" if close else f"one of: {', '.join(CATEGORIES)}")
@@ -216,10 +277,14 @@ class _Builder:
         rule.evidence = self.string_list(data, "evidence")[0]
         rule.probes = self.string_list(data, "probes")[0]
         for name, position in zip(rule.probes, self.string_list(data, "probes")[1]):
-            if name not in known_probes():
-                close = difflib.get_close_matches(name, sorted(known_probes()), n=1)
+            if name not in self.probes and name not in entry_point_probes():  # installed ones, read only on a miss
+                names = sorted(self.probes | set(entry_point_probes()))
+                close = difflib.get_close_matches(name, names, n=1)
                 self.problem(position, f"unknown probe '{name}'",
-                             f"did you mean '{close[0]}'?" if close else "known probes: " + (", ".join(sorted(known_probes())) or "none"))
+                             f"did you mean '{close[0]}'?" if close else
+                             "known probes: " + (", ".join(names) or "none") +
+                             "; custom probes are registered in a rules folder's triage.yaml or the "
+                             "`triage.probes` entry-point group")
         rule.references = self.string_list(data, "references")[0]
         rule.aliases = self.string_list(data, "aliases")[0]
         self.check_templates(rule)
@@ -259,7 +324,9 @@ class _Builder:
                         rule.frame["user"] = frame["user"]
                     else:
                         self.problem(self.value_pos(frame, "user"), "'user' must be true or false")
-        if not (rule.exception_types or rule.messages or rule.logs or rule.frame or rule.kinds):
+        misspelt = any(key not in MATCH_KEYS for key in match)  # already reported, with a did-you-mean
+        if not (rule.exception_types or rule.messages or rule.logs or rule.frame or rule.kinds
+                or self.broken_patterns or misspelt):
             self.problem(self.value_pos(self.data, "match"), "'match' has no condition that can match",
                          "give exception, message, log, frame or kind")
 
@@ -270,17 +337,30 @@ class _Builder:
         return names
 
     def check_templates(self, rule: Rule) -> None:
+        patterns_broken = any("bad regex" in p.message for p in self.problems)
         known = self.captured_names(rule) | templates.CONTEXT_NAMES
+        evidence_positions = list(getattr(self.data.get("evidence"), "item_positions", []))
         for name, source in rule.template_fields().items():
             key = name.split("[")[0]
+            start = self.value_pos(self.data, key)
+            if key == "evidence" and evidence_positions:
+                start = evidence_positions[int(name[len("evidence[") : -1])]
             try:
                 used = templates.check(source)
+                unsafe = templates.unsafe_uses(source)
             except templates.TemplateError as exc:
-                self.problem(self.value_pos(self.data, key), f"'{key}': {exc}")
+                self.problem(start, f"'{key}': {exc}")
                 continue
-            for unknown in sorted(used - known):
+            for reach in sorted(unsafe, key=lambda text: source.find(text)):
+                self.problem(self.locate(start, reach),
+                             f"'{key}' reaches for '{reach}', which the template sandbox refuses",
+                             "templates may use only this rule's (?P<name>...) groups and: "
+                             + ", ".join(sorted(templates.CONTEXT_NAMES)))
+            if patterns_broken:
+                continue  # the names a broken pattern would capture are unknown; say nothing rather than guess
+            for unknown in sorted(used - known - set(unsafe)):
                 close = difflib.get_close_matches(unknown, sorted(known), n=1)
-                self.problem(self.value_pos(self.data, key),
+                self.problem(self.locate(start, unknown),
                              f"'{key}' uses '{unknown}', which no pattern of this rule captures",
                              f"did you mean '{close[0]}'?" if close else "name it in a (?P<name>...) group")
 
@@ -300,22 +380,33 @@ class _Builder:
                 continue
             for item, position in zip(items, items.item_positions if isinstance(items, LocatedList) else []):
                 if isinstance(item, str):
-                    target.append(Example(item, position.line))
+                    target.append(Example(item, position.line, col=position.col))
                 elif isinstance(item, dict) and isinstance(item.get("log"), str):
                     self.unknown_keys(item, EXAMPLE_ITEM_KEYS, "an example")
                     values = item.get("vars") or {}
                     if not isinstance(values, dict):
                         self.problem(self.value_pos(item, "vars"), "'vars' must map names to expected values")
                         values = {}
-                    target.append(Example(item["log"], position.line, dict(values)))
+                    target.append(Example(item["log"], position.line, dict(values), position.col))
                 else:
                     self.problem(position, "an example is a log excerpt, or a mapping with 'log' and 'vars'")
 
 
-def build_rule(data: Any, path: str, position: Position) -> tuple[Rule | None, list[Problem]]:
-    """Validate one rule mapping; returns the rule (None if it has problems) and the problems."""
+def build_rule(
+    data: Any,
+    path: str,
+    position: Position,
+    probes: frozenset[str] | None = None,
+    source_lines: list[str] | None = None,
+) -> tuple[Rule | None, list[Problem]]:
+    """Validate one rule mapping; returns the rule (None if it has problems) and the problems.
+
+    `probes` are the custom probe names a rule may list besides the built-in and installed
+    ones (default: those registered in this process);
+    `source_lines` (the file's text) let a problem point inside a template or a pattern.
+    """
     if not isinstance(data, LocatedDict):
         return None, [Problem(path, position.line, position.col, "a rule must be a mapping with id, category, match, ...")]
-    builder = _Builder(data, path)
+    builder = _Builder(data, path, probes, source_lines)
     rule = builder.build()
     return rule, builder.problems

@@ -22,11 +22,13 @@ class PatternTimeout(Exception):
 
 @dataclass
 class SafePattern:
-    """A compiled pattern with its source text and whether it has been disabled."""
+    """A compiled pattern with its source text, where it is written, and whether it has been disabled."""
 
     source: str
     compiled: Any = field(repr=False, default=None)
     disabled: bool = False
+    line: int = 0
+    col: int = 0
 
     @property
     def group_names(self) -> set[str]:
@@ -45,3 +47,49 @@ class SafePattern:
 def compile_pattern(source: str) -> SafePattern:
     """Compile a rule's pattern; raises `regex.error` with the offset of a mistake."""
     return SafePattern(source, regex.compile(source, FLAGS))
+
+
+STRESS_LENGTH = 3000
+STRESS_TIMEOUT_S = 0.05
+_STRESS_DEFAULTS = "a0 x_-"
+_META = set("()[]{}.*+?|^$\\")
+
+
+def worst_case(pattern: SafePattern, timeout: float = STRESS_TIMEOUT_S) -> str | None:
+    """Describe an input on which the pattern backtracks past `timeout`, or None if none was found.
+
+    Catastrophic patterns (nested or overlapping repetition, `(a+)+$`, `(\\w+\\s?)+$`) blow up on
+    a long run of one character that they almost match; lint tries runs of each character the
+    pattern mentions, after its literal prefix, each followed by a character that breaks the match.
+    """
+    literal_prefix = _literal_prefix(pattern.source)
+    candidates = dict.fromkeys(pattern.source + _STRESS_DEFAULTS)
+    characters = [c for c in candidates if c.isprintable() and c not in _META][:24]
+    for prefix in dict.fromkeys(["", literal_prefix]):
+        for char in characters:
+            for end in ("\x00", "\n"):
+                text = prefix + char * STRESS_LENGTH + end
+                try:
+                    pattern.compiled.search(text, timeout=timeout)
+                except TimeoutError:
+                    shown = f"{prefix!r} followed by " if prefix else ""
+                    return f"{shown}{STRESS_LENGTH} x {char!r}"
+    return None
+
+
+def _literal_prefix(source: str) -> str:
+    out = []
+    index = 0
+    while index < len(source):
+        char = source[index]
+        if char == "\\" and index + 1 < len(source) and not source[index + 1].isalnum():
+            out.append(source[index + 1])
+            index += 2
+            continue
+        if char in _META:
+            break
+        out.append(char)
+        index += 1
+    if index < len(source) and source[index] in "*+?{" and out:
+        out.pop()  # that character is repeated, not literal
+    return "".join(out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..logparse import parse_text
@@ -9,6 +10,7 @@ from . import templates
 from .loader import KnowledgeBase
 from .matcher import diagnose, matches, template_context
 from .rule import Example, Rule
+from .safe_regex import PatternTimeout
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,7 @@ class ExampleFailure:
     line: int
     rule: str
     message: str
+    col: int = 1
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line}: {self.rule}: {self.message}"
@@ -29,34 +32,49 @@ def test_rules(kb: KnowledgeBase, rules: list[Rule] | None = None) -> tuple[int,
     failures: list[ExampleFailure] = []
     count = 0
     for rule in rules if rules is not None else kb.rules:
-        for example in rule.matches:
+        for example, must_match in [*((e, True) for e in rule.matches), *((e, False) for e in rule.no_matches)]:
             count += 1
-            failures.extend(_check_match(rule, example, kb))
-        for example in rule.no_matches:
-            count += 1
-            incident = parse_text(example.log)
-            if matches(rule, incident):
-                failures.append(ExampleFailure(rule.path, example.line, rule.id, "no_match example matched the rule"))
+            try:
+                failures.extend(_check_match(rule, example, kb) if must_match else _check_no_match(rule, example))
+            except PatternTimeout as exc:
+                failures.append(ExampleFailure(rule.path, example.line, rule.id, str(exc), example.col))
+            except Exception as exc:
+                if os.environ.get("TRIAGE_DEBUG"):
+                    raise
+                message = f"internal error running this example: {type(exc).__name__}: {exc}"
+                failures.append(ExampleFailure(rule.path, example.line, rule.id, message, example.col))
     return count, failures
+
+
+def _check_no_match(rule: Rule, example: Example) -> list[ExampleFailure]:
+    found = matches(rule, parse_text(example.log))
+    if not found:
+        return []
+    values = {k: v for k, v in found[0].items() if not k.startswith("_") and k != "log_match"}
+    extracted = f", extracting {_show(values)}" if values else ""
+    message = f"no_match example matched the rule{extracted}"
+    return [ExampleFailure(rule.path, example.line, rule.id, message, example.col)]
 
 
 def _check_match(rule: Rule, example: Example, kb: KnowledgeBase) -> list[ExampleFailure]:
     incident = parse_text(example.log)
     found = matches(rule, incident)
     if not found:
-        return [ExampleFailure(rule.path, example.line, rule.id, _why_not(incident, kb))]
+        return [ExampleFailure(rule.path, example.line, rule.id, _why_not(incident, kb), example.col)]
     failures = []
     values = found[0]
     for name, expected in example.vars.items():
         got = values.get(name)
         if got is None or str(got) != str(expected):
-            failures.append(ExampleFailure(rule.path, example.line, rule.id, f"expected {name}={expected!r}, extracted {got!r}"))
+            failures.append(ExampleFailure(rule.path, example.line, rule.id,
+                                           f"expected {name}={expected!r}, extracted {got!r}", example.col))
     context = template_context(incident, incident.exception, incident.exception.user_frame() if incident.exception else None, values)
     for field, source in rule.template_fields().items():
         try:
             templates.render(source, context)
         except templates.TemplateError as exc:
-            failures.append(ExampleFailure(rule.path, example.line, rule.id, f"{field} does not render for this example: {exc}"))
+            failures.append(ExampleFailure(rule.path, example.line, rule.id,
+                                           f"{field} does not render for this example: {exc}", example.col))
     return failures
 
 
@@ -66,3 +84,7 @@ def _why_not(incident, kb: KnowledgeBase) -> str:
     others = [d.rule for d in diagnose(incident, kb)[:3]]
     instead = f"; matched instead: {', '.join(others)}" if others else "; no rule matched it"
     return f"match example did not match ({parsed}{instead})"
+
+
+def _show(values: dict) -> str:
+    return ", ".join(f"{name}={str(value)[:60]!r}" for name, value in values.items())

@@ -15,8 +15,13 @@ import yaml
 MAX_RULE_FILE_BYTES = 2 * 1024 * 1024
 MAX_DEPTH = 24
 MAX_NODES = 200_000
+# Explicit tags beyond plain data (e.g. !!python/object) are refused, never constructed or ignored.
+ALLOWED_TAGS = frozenset(
+    f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "map", "seq", "timestamp")
+)
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_STR_TAG = "tag:yaml.org,2002:str"
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ def load_located(text: str) -> Any:
     if len(text.encode("utf-8", errors="replace")) > MAX_RULE_FILE_BYTES:
         raise YamlError(f"file is larger than {MAX_RULE_FILE_BYTES >> 20} MB; split it into families")
     try:
+        _check_depth(text)
         node = yaml.compose(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -65,7 +71,39 @@ def load_located(text: str) -> Any:
         raise YamlError(f"invalid YAML ({exc})") from None
     if node is None:
         return None
+    if _expanded_size(node, {}) > MAX_NODES:
+        raise YamlError(f"more than {MAX_NODES} YAML nodes once aliases are expanded (an alias bomb?); refused",
+                        _position(node))
     return _Converter().convert(node, 0)
+
+
+def _check_depth(text: str) -> None:
+    """Refuse deep nesting from the event stream, before composing: libyaml's composer
+    recurses once per level and crashes the interpreter (SIGSEGV) near 100,000 levels."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                mark = event.start_mark
+                position = Position(mark.line + 1, mark.column + 1)
+                raise YamlError(f"nested deeper than {MAX_DEPTH} levels; refused", position)
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many nodes the document has with every alias expanded, counted once per shared node."""
+    known = sizes.get(id(node))
+    if known is not None:
+        return known
+    size = 1
+    if isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(item, sizes) for item in node.value)
+    sizes[id(node)] = size
+    return size
 
 
 def _position(node: yaml.Node) -> Position:
@@ -83,6 +121,8 @@ class _Converter:
             raise YamlError(f"more than {MAX_NODES} YAML nodes (an alias bomb?); refused", _position(node))
         if depth > MAX_DEPTH:
             raise YamlError(f"nested deeper than {MAX_DEPTH} levels; refused", _position(node))
+        if node.tag not in ALLOWED_TAGS and node.tag != "tag:yaml.org,2002:merge":
+            raise YamlError(f"YAML tag {node.tag!r} is not allowed in rule files; refused", _position(node))
         if isinstance(node, yaml.MappingNode):
             out = LocatedDict()
             out.position, out.key_positions, out.value_positions = _position(node), {}, {}
@@ -105,6 +145,8 @@ class _Converter:
                 items.append(self.convert(item, depth + 1))
                 items.item_positions.append(_position(item))
             return items
+        if node.tag == _STR_TAG:
+            return node.value  # the common case, without the constructor's machinery
         try:
             return self.constructor.construct_object(node, deep=True)
         except yaml.YAMLError as exc:

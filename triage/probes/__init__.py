@@ -7,10 +7,109 @@ probe's module is imported only when the probe runs.
 
 from __future__ import annotations
 
+import functools
+import importlib
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
 # name -> "module:function"; each implementation takes a ProbeContext and returns a ProbeResult.
-PROBES: dict[str, str] = {}
+PROBES: dict[str, str] = {
+    "save_batch": "triage.probes.save_batch:save_batch",
+    "cpu_rerun": "triage.probes.cpu_rerun:cpu_rerun",
+    "index_range": "triage.probes.index_range:index_range",
+    "shape_trace": "triage.probes.shape_trace:shape_trace",
+    "device_census": "triage.probes.census:device_census",
+    "dtype_census": "triage.probes.census:dtype_census",
+    "anomaly_rerun": "triage.probes.anomaly_rerun:anomaly_rerun",
+    "workers0_rerun": "triage.probes.workers0_rerun:workers0_rerun",
+    "memory_breakdown": "triage.probes.memory_breakdown:memory_breakdown",
+}
 
 
 def known_probes() -> frozenset[str]:
-    """Names a rule may list under `probes:`."""
-    return frozenset(PROBES)
+    """Names a rule may list under `probes:`: built-in, installed through entry points, or registered."""
+    return frozenset(PROBES) | frozenset(custom_probes())
+
+
+# Custom probes: teams opt in explicitly, either by installing a package that declares the
+# entry-point group below, or by naming "module:function" in a rules folder's triage.yaml.
+# Nothing here imports a probe's module; `load_probe` does, when the probe runs.
+ENTRY_POINT_GROUP = "triage.probes"
+
+
+@dataclass(frozen=True)
+class CustomProbe:
+    """A probe a team registered: its name, "module:function", and where it was registered."""
+
+    name: str
+    target: str
+    origin: str
+    python_path: tuple[str, ...] = ()  # folders to put on sys.path before importing the module
+
+
+class ProbeLoadError(Exception):
+    """Raised when a probe's module or function cannot be imported; the message says which."""
+
+
+_registered: dict[str, CustomProbe] = {}
+
+
+@functools.lru_cache(maxsize=1)
+def entry_point_probes() -> dict[str, CustomProbe]:
+    """Probes installed packages declare under the `triage.probes` entry-point group (metadata only)."""
+    from importlib.metadata import entry_points
+
+    found: dict[str, CustomProbe] = {}
+    try:
+        points = entry_points(group=ENTRY_POINT_GROUP)
+    except Exception:  # a broken distribution's metadata must not break triage
+        return found
+    for point in points:
+        dist = getattr(getattr(point, "dist", None), "name", None) or "an installed package"
+        if point.name not in PROBES:
+            found[point.name] = CustomProbe(point.name, point.value, f"entry point of {dist}")
+    return found
+
+
+def register_probe(probe: CustomProbe) -> None:
+    """Make a team probe known by name for this process (the loader calls this for triage.yaml probes)."""
+    if probe.name in PROBES:
+        raise ValueError(f"probe name '{probe.name}' is built in; give the custom probe another name")
+    _registered[probe.name] = probe
+
+
+def registered_probes() -> dict[str, CustomProbe]:
+    """Probes registered by rules folders in this process (not the installed entry points)."""
+    return dict(_registered)
+
+
+def custom_probes() -> dict[str, CustomProbe]:
+    """Every custom probe known now: installed entry points, then probes registered by rules folders."""
+    return {**entry_point_probes(), **_registered}
+
+
+def probe_target(name: str) -> str | None:
+    """The "module:function" that implements a probe, built-in or custom; None for an unknown name."""
+    if name in PROBES:
+        return PROBES[name]
+    custom = custom_probes().get(name)
+    return custom.target if custom else None
+
+
+def load_probe(name: str) -> Callable[..., Any]:
+    """Import and return a probe's function; only called when the probe is about to run."""
+    target = probe_target(name)
+    if target is None:
+        raise ProbeLoadError(f"unknown probe '{name}'")
+    module_name, _, function_name = target.partition(":")
+    custom = custom_probes().get(name) if name not in PROBES else None
+    for folder in custom.python_path if custom else ():
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    try:
+        module = importlib.import_module(module_name)
+        return getattr(module, function_name or "probe")
+    except Exception as exc:
+        origin = f" (registered by {custom.origin})" if custom else ""
+        raise ProbeLoadError(f"cannot load probe '{name}' from {target}{origin}: {type(exc).__name__}: {exc}") from None

@@ -15,7 +15,11 @@ class ProbeContext:
 
     `module` is the innermost nn.Module whose forward was running when the
     exception was raised, with the arguments it was called with; `batch` is the
-    last batch the DataLoader yielded (CPU). Probes must not mutate any of these.
+    last batch the DataLoader yielded (CPU). `model_args`/`model_kwargs` are the
+    arguments of the model's last call and `loss_args`/`loss_kwargs` those of the
+    loss function's (recorded by the wrapper, or read from the traceback).
+    `diagnosis` is the hypothesis being tested (set by the probe runner for each
+    probe). Probes must not mutate any of these.
     """
 
     incident: Incident
@@ -35,6 +39,12 @@ class ProbeContext:
     script: str | None = None
     script_args: list[str] = field(default_factory=list)
     time_limit_s: float = 60.0
+    model_args: tuple | None = None
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    loss_args: tuple | None = None
+    loss_kwargs: dict[str, Any] = field(default_factory=dict)
+    diagnosis: Any = None
+    total_time_s: float = 120.0
 
     @property
     def live(self) -> bool:

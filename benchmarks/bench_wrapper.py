@@ -1,0 +1,168 @@
+"""What the training-loop wrapper costs on small CPU training loops, against the bare loop.
+
+Two identical models train side by side, one step each in turn: model B inside
+`triage.watch(...)` with its batches from `triage.track(...)`, model A bare.
+Each step is timed on its own, so machine noise (other processes, frequency
+changes) falls on both alike; the figure is the trimmed mean of the per-pair
+ratios, printed beside the same measurement with both loops bare (its noise).
+B's hooks see a step interval twice the real one (A's step sits between two of
+B's), which makes the gradient check run more often than in real use: the
+figure errs high.
+
+(The runner's `auto_track()` hooks every DataLoader and optimizer in the
+process, so it cannot be paired per step; it does the same per-step work as
+watch+track, and the runner's own benchmark measures it on whole scripts.)
+
+    python benchmarks/bench_wrapper.py [--steps 3000] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+import triage  # noqa: E402
+
+
+MODELS = {
+    "MLP 784-256-10": (lambda: nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10)), (784,)),
+    "CNN conv8-conv16-fc on 28x28": (lambda: nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16 * 7 * 7, 10)), (1, 28, 28)),
+}
+
+
+def make(name: str, seed: int = 0):
+    torch.manual_seed(seed)
+    build, shape = MODELS[name]
+    data = TensorDataset(torch.randn(2048, *shape), torch.randint(0, 10, (2048,)))
+    return build(), data
+
+
+def optimizer_for(model):
+    return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+def timed_step(batches, model, optimizer, loss_fn) -> float:
+    started = time.thread_time()
+    x, y = next(batches)
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return time.thread_time() - started
+
+
+def endless(loader):
+    while True:
+        yield from loader
+
+
+def endless_tracked(loader):
+    while True:
+        yield from triage.track(loader)
+
+
+def paired(name: str, source: str, steps: int, control: bool = False) -> tuple[list[float], list[float]]:
+    model_a, data = make(name)
+    model_b = copy.deepcopy(model_a)
+    opt_a, opt_b = optimizer_for(model_a), optimizer_for(model_b)
+    loss_a, loss_b = nn.CrossEntropyLoss(), nn.CrossEntropyLoss()
+    if source == "dataloader":
+        loader_a, loader_b = DataLoader(data, batch_size=64), DataLoader(data, batch_size=64)
+    else:
+        loader_a = [(data.tensors[0][i:i + 64], data.tensors[1][i:i + 64]) for i in range(0, len(data), 64)]
+        loader_b = list(loader_a)
+    bare, watched = [], []
+    with triage.watch(model=None if control else model_b, optimizer=None if control else opt_b,
+                      loss_fn=None if control else loss_b):
+        batches_a, batches_b = endless(loader_a), (endless if control else endless_tracked)(loader_b)
+        for i in range(steps + 50):
+            if i % 2:  # alternate which goes first: the second of a pair runs with warmer caches
+                a = timed_step(batches_a, model_a, opt_a, loss_a)
+                b = timed_step(batches_b, model_b, opt_b, loss_b)
+            else:
+                b = timed_step(batches_b, model_b, opt_b, loss_b)
+                a = timed_step(batches_a, model_a, opt_a, loss_a)
+            if i >= 50:  # warm-up
+                bare.append(a)
+                watched.append(b)
+    return bare, watched
+
+
+def overhead(bare: list[float], watched: list[float]) -> float:
+    """Trimmed mean (middle half) of the per-pair ratios, minus one: slow drifts cancel within a pair."""
+    ratios = sorted(w / b for b, w in zip(bare, watched))
+    k = len(ratios) // 4
+    return statistics.mean(ratios[k:len(ratios) - k]) - 1
+
+
+def time_inside(name: str, steps: int) -> tuple[float, float]:
+    """(µs per step spent in triage's per-step code, bare step µs): the hooks and track() timed from inside."""
+    from triage import wrapper
+    from triage.tracking import Tracker
+
+    spent = [0]
+    originals = (wrapper.NonFiniteMonitor.check_gradients, Tracker.on_batch, Tracker.on_step)
+
+    def timed(function):
+        def inner(*args, **kwargs):
+            started = time.perf_counter_ns()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter_ns() - started
+        return inner
+
+    wrapper.NonFiniteMonitor.check_gradients = timed(originals[0])
+    Tracker.on_batch, Tracker.on_step = timed(originals[1]), timed(originals[2])
+    try:
+        model, data = make(name)
+        optimizer, loss_fn = optimizer_for(model), nn.CrossEntropyLoss()
+        batches = endless_tracked(DataLoader(data, batch_size=64))
+        times = []
+        with triage.watch(model=model, optimizer=optimizer, loss_fn=loss_fn):
+            for i in range(steps + 50):
+                if i == 50:
+                    spent[0] = 0
+                times.append(timed_step(batches, model, optimizer, loss_fn))
+    finally:
+        wrapper.NonFiniteMonitor.check_gradients, Tracker.on_batch, Tracker.on_step = originals
+    return spent[0] / steps / 1000, statistics.median(times[50:]) * 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"small CPU training loops, batch 64, SGD+momentum, CrossEntropyLoss; torch {torch.__version__}, "
+          f"{args.threads} thread(s); step times are this thread's CPU time")
+    for name in MODELS:
+        steps = args.steps if name.startswith("MLP") else max(args.steps // 4, 200)
+        for source in ("dataloader", "list of batches"):
+            kind = "dataloader" if source == "dataloader" else "list"
+            noise = overhead(*paired(name, kind, steps, control=True))
+            bare, watched = paired(name, kind, steps)
+            print(f"{name}, {source}: bare {statistics.median(bare) * 1e6:.0f} µs/step; watch+track overhead "
+                  f"{100 * overhead(bare, watched):+.2f}% ({steps} paired steps; the same measurement with both "
+                  f"loops bare gives {100 * noise:+.2f}%)")
+        inside, step_us = time_inside(name, steps)
+        print(f"{name}, dataloader: {inside:.1f} µs per step inside triage's hooks and track() (wall clock, "
+              f"timers included) = {100 * inside / step_us:.2f}% of a {step_us:.0f} µs step")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,281 @@
+"""The log parser on the formats users paste, built from real PyTorch output."""
+
+import pytest
+from conftest import FIXTURES
+
+from triage.logparse import parse_text
+
+
+def parse(name):
+    # Bytes, not read_text(): universal newlines would turn progress-bar \r into line breaks.
+    return parse_text((FIXTURES / name).read_bytes().decode("utf-8"))
+
+
+def test_plain_traceback_frames_and_user_code():
+    incident = parse("chained_cause.log")
+    assert [e.type for e in incident.exceptions] == ["KeyError", "ValueError"]
+    assert incident.exceptions[1].link == "cause"
+    # The root cause is the first exception of the chain.
+    assert incident.exception.type == "KeyError"
+    assert incident.exception.message == "'batch_size'"
+    frame = incident.exception.frames[-1]
+    assert (frame.file, frame.line, frame.function, frame.code, frame.user) == (
+        "/tmp/gen/chain.py", 4, "get", "return cfg[k]", True,
+    )
+
+
+def test_dataloader_worker_traceback_is_unwrapped():
+    incident = parse("dataloader_worker_keyerror.log")
+    outer, inner = incident.exceptions
+    assert outer.wrapper and outer.message.startswith("Caught KeyError in DataLoader worker process 0.")
+    assert incident.exception is inner
+    assert (inner.type, inner.message, inner.worker) == ("KeyError", "'label'", 0)
+    assert inner.user_frame().function == "__getitem__"
+    assert inner.user_frame().line == 7
+    assert not inner.frames[0].user  # torch's worker loop is library code
+    assert incident.worker == 0
+
+
+def test_ipython8_cells_and_arrows():
+    incident = parse("ipython8.log")
+    exc = incident.exception
+    assert exc.type == "RuntimeError"
+    assert exc.message == "mat1 and mat2 shapes cannot be multiplied (64x2704 and 400x120)"
+    cells = [f for f in exc.frames if f.user]
+    assert [(f.file, f.line, f.code) for f in cells] == [
+        ("Cell In[7]", 12, "out = model(x)"),
+        ("Cell In[5]", 14, "x = self.fc1(x)"),
+    ]
+    library = [f for f in exc.frames if not f.user]
+    assert library[0].line == 1501 and library[0].code == "return forward_call(*args, **kwargs)"
+
+
+def test_ipython7_input_frames():
+    incident = parse("ipython7.log")
+    exc = incident.exception
+    assert exc.message.startswith("size mismatch, m1: [64 x 784], m2: [320 x 10]")
+    user = exc.user_frame()
+    assert (user.file, user.function, user.line, user.code) == ("<ipython-input-3-9c1e2d3f4a5b>", "forward", 12, "return self.fc(x)")
+
+
+def test_vscode_exception_view():
+    incident = parse("vscode.log")
+    exc = incident.exception
+    assert exc.type == "RuntimeError"
+    assert exc.message == "mat1 and mat2 shapes cannot be multiplied (4x57600 and 64x128)"
+    assert [f.line for f in exc.frames] == [31, 58]
+
+
+def test_interleaved_ranks_are_pulled_apart():
+    incident = parse("ranks_interleaved.log")
+    ranks = sorted(e.rank for e in incident.exceptions)
+    assert ranks == [0, 1]
+    for exc in incident.exceptions:
+        assert [f.line for f in exc.frames] == [77, 61, 19]
+        assert exc.message == "mat1 and mat2 shapes cannot be multiplied (8x1024 and 512x10)"
+    # rank 1's traceback starts first in the file: it is the first observed failure.
+    assert incident.exception.rank == 1 and incident.rank == 1
+
+
+def test_prefixes_ansi_and_progress_bars_are_cleaned():
+    incident = parse("ranks_interleaved.log")
+    assert "starting epoch 1" in incident.log_lines[1]
+    assert not any("\x1b" in line for line in incident.log_lines)
+    bar = [line for line in incident.log_lines if line.startswith("Epoch 1:")]
+    assert bar == ["Epoch 1:  14%|█▍        | 14/100 [00:03<00:21]"]
+    assert incident.log_lines[0] == "epoch 0 step 100 loss 2.301"
+
+
+def test_markdown_fences_and_quotes():
+    incident = parse("markdown_quoted.log")
+    assert incident.exception.message == "shape '[3, -1]' is invalid for input of size 40"
+    assert incident.exception.frames[0].code == "y = x.view(3, -1)"
+
+
+def test_torchrun_summary_gives_rank_exit_code_and_signal():
+    incident = parse("torchrun_sigkill.log")
+    assert incident.kind == "hard-crash"
+    assert incident.signal == "SIGKILL"
+    assert incident.exit_code == -9
+    assert incident.rank == 1
+    assert incident.exception.short_type == "ChildFailedError"
+
+
+def test_cuda_assertion_lines_are_kept_around_the_traceback():
+    incident = parse("cuda_assert_indexing.log")
+    assert incident.exception.message.startswith("CUDA error: device-side assert triggered\nCUDA kernel errors")
+    assert any("Assertion `srcIndex < srcSelectDimSize` failed." in line for line in incident.log_lines)
+    assert incident.exception.user_frame().code == "x = self.transformer.drop(tok_emb + pos_emb)"
+
+
+def test_python2_era_traceback():
+    incident = parse("python2.log")
+    assert incident.exception.message.startswith("size mismatch, m1: [64 x 320], m2: [500 x 50]")
+    assert incident.exception.user_frame().function == "forward"
+    assert not incident.exception.frames[2].user  # dist-packages
+
+
+def test_final_error_line_without_traceback():
+    incident = parse_text(
+        "Epoch 3/10\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79.14 GiB\n"
+    )
+    assert incident.exception.type == "torch.OutOfMemoryError"
+    assert incident.exception.short_type == "OutOfMemoryError"
+    assert incident.exception.frames == []
+
+
+def test_warnings_only_log_with_nan_loss_is_a_nan_incident():
+    incident = parse_text(
+        "epoch 1 step 10 loss=2.31\n"
+        "/usr/lib/python3.11/site-packages/torch/autograd/graph.py:768: UserWarning: some warning\n"
+        "epoch 1 step 20 loss=nan\n"
+        "epoch 1 step 30 loss=nan\n"
+    )
+    assert incident.kind == "nan"
+    assert incident.exception is None
+    assert any("loss=nan" in line for line in incident.log_lines)
+
+
+def test_shell_kill_message_is_a_hard_crash():
+    incident = parse_text("step 10 loss 1.0\nKilled\n")
+    assert (incident.kind, incident.signal, incident.exit_code) == ("hard-crash", "SIGKILL", 137)
+
+
+def test_traceback_cut_off_mid_frame():
+    incident = parse_text('Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    model(x)\n  File "/x/site-packages/torch/nn/mod')
+    assert incident.exception.type == ""
+    assert incident.exception.frames[0].line == 3
+    assert any("cut off" in note for note in incident.notes)
+
+
+def test_huge_recursion_traceback_keeps_head_and_tail_only():
+    frame = '  File "/home/u/rec.py", line 2, in f\n    return f(n + 1)\n'
+    text = "Traceback (most recent call last):\n" + frame * 100_000 + "RecursionError: maximum recursion depth exceeded\n"
+    incident = parse_text(text)
+    assert incident.exception.type == "RecursionError"
+    assert len(incident.exception.frames) == 250
+    assert any("frames not shown" in note for note in incident.notes)
+
+
+def test_windows_paths_and_crlf():
+    text = (
+        "Traceback (most recent call last):\r\n"
+        '  File "C:\\Users\\me\\proj\\train.py", line 9, in <module>\r\n'
+        "    out = net(x)\r\n"
+        '  File "C:\\Users\\me\\miniconda3\\Lib\\site-packages\\torch\\nn\\modules\\module.py", line 1501, in _call_impl\r\n'
+        "    return forward_call(*args, **kwargs)\r\n"
+        "RuntimeError: shape '[3, -1]' is invalid for input of size 40\r\n"
+    )
+    exc = parse_text(text).exception
+    assert [f.user for f in exc.frames] == [True, False]
+    assert exc.message == "shape '[3, -1]' is invalid for input of size 40"
+
+
+def test_rich_boxed_traceback():
+    exc = parse("rich_traceback.log").exception
+    assert exc.type == "RuntimeError"
+    user = [f for f in exc.frames if f.user]
+    assert [(f.line, f.function, f.code) for f in user] == [
+        (15, "<module>", "loss = train_step(model, batch, nn.CrossEntropyLoss())"),
+        (10, "train_step", "return criterion(logits, labels)"),
+    ]
+    wrapped = exc.frames[2]  # its header wraps: "...module.py:1778 in" then "_wrapped_call_impl"
+    assert (wrapped.line, wrapped.function, wrapped.user) == (1778, "_wrapped_call_impl", False)
+
+
+def test_traceback_printed_on_a_progress_bar_line():
+    text = (
+        "Epoch 1/3 [val]:   0%|          | 0/5 [00:00<00:00,  0.00it/s]Traceback (most recent call last):\n"
+        '  File "/tmp/runs/train.py", line 23, in forward\n'
+        "    x = self.fc(x)\n"
+        "RuntimeError: mat1 and mat2 shapes cannot be multiplied (64x2048 and 1568x128)\n"
+    )
+    incident = parse_text(text)
+    assert incident.exception.user_frame().line == 23
+    assert incident.log_lines == ["Epoch 1/3 [val]:   0%|          | 0/5 [00:00<00:00,  0.00it/s]"]
+
+
+def test_library_packages_outside_site_packages_are_not_user_code():
+    from triage.incident import is_user_path
+
+    assert not is_user_path("/workspace/pypacks/accelerate/state.py")
+    assert is_user_path("/home/u/transformers/examples/pytorch/run_glue.py")
+    assert is_user_path("/home/u/proj/train.py")
+
+
+def test_logger_padded_traceback_without_its_header():
+    text = (
+        '2022-12-28 16:13:02 [ERROR]    File "/home/u/distill/basics.py", line 138, in evaluate_models\n'
+        "2022-12-28 16:13:02 [ERROR]      losses[k] += task_loss(state, output, target).item()\n"
+        "2022-12-28 16:13:02 [ERROR]  RuntimeError: CUDA error: device-side assert triggered\n"
+    )
+    exc = parse_text(text).exception
+    assert exc.type == "RuntimeError" and exc.message == "CUDA error: device-side assert triggered"
+    assert (exc.frames[0].line, exc.frames[0].code) == (138, "losses[k] += task_loss(state, output, target).item()")
+
+
+def test_vllm_logger_prefix():
+    exc = parse_text("ERROR 04-01 23:46:56 [engine.py:160] torch.OutOfMemoryError: CUDA out of memory.\n").exception
+    assert exc.type == "torch.OutOfMemoryError"
+
+
+def test_vscode_notebook_links_and_markdown_bold():
+    text = (
+        "Cell In[11], [line 13](vscode-notebook-cell:?execution_count=11&line=13)\n"
+        "---> [13](vscode-notebook-cell:?execution_count=11&line=13) acc = model(x)\n"
+    )
+    incident = parse_text("RuntimeError                              Traceback (most recent call last)\n" + text + "RuntimeError: boom\n")
+    assert (incident.exception.frames[0].line, incident.exception.frames[0].code) == (13, "acc = model(x)")
+    bold = parse_text("**RuntimeError: CUDA error: device-side assert triggered**\n").exception
+    assert bold.message == "CUDA error: device-side assert triggered"
+
+
+def test_assertion_lines_after_the_message_stay_log_lines():
+    text = (
+        "RuntimeError: CUDA error: device-side assert triggered\n"
+        "For debugging consider passing CUDA_LAUNCH_BLOCKING=1.\n"
+        "/pytorch/aten/src/ATen/native/cuda/ScatterGatherKernel.cu:115: operator(): block: [0,0,0], thread: [1,0,0] "
+        "Assertion `idx_dim >= 0 && idx_dim < index_size` failed.\n"
+    )
+    incident = parse_text('Traceback (most recent call last):\n  File "t.py", line 1, in <module>\n    f()\n' + text)
+    assert "Assertion" not in incident.exception.message
+    assert any("Assertion `idx_dim" in line for line in incident.log_lines)
+
+
+def test_torchrun_root_cause_block_wins_over_ranks_it_killed():
+    summary = (
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+        "Failures:\n"
+        "[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -15 (pid: 22615)\n  traceback : Signal 15 (SIGTERM) received by PID 22615\n"
+        "Root Cause (first observed failure):\n"
+        "[0]:\n  rank      : 3 (local_rank: 3)\n  exitcode  : 1 (pid: 22617)\n  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n"
+        "==========\n"
+    )
+    incident = parse_text("rank: 2, memory allocated: 0\n" + summary)
+    assert (incident.rank, incident.exit_code, incident.signal) == (3, 1, None)
+
+
+def test_error_glued_onto_a_code_line_is_split_off():
+    text = '  File "/x/poisson.py", line 63, in log_prob\n    return value.xlogy(rate) - (value + 1).lgamma()RuntimeError: CUDA out of memory. Tried to allocate 9.28 GiB\n'
+    exc = parse_text(text).exception
+    assert exc.frames[0].code == "return value.xlogy(rate) - (value + 1).lgamma()"
+    assert exc.message == "CUDA out of memory. Tried to allocate 9.28 GiB"
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["epoch 3 train_loss=nan", "step 4 | loss nan | lr 5.0", "[Loss] nan", "{'loss': 0.0, 'grad_norm': nan, 'epoch': 0.1}"],
+)
+def test_nan_loss_wordings_make_a_nan_incident(line):
+    assert parse_text(f"step 1 loss 2.3\n{line}\n").kind == "nan"
+
+
+def test_a_nan_learning_rate_is_not_a_nan_loss():
+    assert parse_text("loss: 2.3 lr nan\n").kind == "exception"
+
+
+def test_dynamo_logger_prefix_and_dotted_exception_names():
+    text = "[2023-11-29 22:29:33,093] torch._dynamo.convert_frame: [WARNING] Traceback (most recent call last):\n"
+    assert parse_text(text + '  File "a.py", line 1, in f\n    g()\nRuntimeError: x\n').exception.frames[0].line == 1
+    assert parse_text("torch._dynamo.exc.Unsupported: data dependent operator\n").exception.short_type == "Unsupported"

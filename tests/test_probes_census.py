@@ -1,0 +1,109 @@
+"""device_census and dtype_census on real mismatches (the meta device stands in for a GPU on CPU-only machines)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from _probe_fixtures import StateGuard, TextModel, live_context, raised
+from triage.probes.census import device_census, dtype_census
+
+
+class PositionalEncoding(nn.Module):
+    def __init__(self, size: int = 4) -> None:
+        super().__init__()
+        self.pe = torch.ones(size)  # a plain attribute, not register_buffer: .to() leaves it where it is
+
+    def forward(self, x):
+        return x + self.pe
+
+
+class Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.pos = PositionalEncoding()
+
+    def forward(self, x):
+        return self.pos(self.fc(x))
+
+
+def test_device_census_names_the_tensor_left_behind():
+    model = Model().to("meta")
+    x = torch.empty(2, 4, device="meta")
+    exc = raised(model, x)
+    assert "is not on the expected device" in str(exc)  # a real device mismatch
+    ctx = live_context(exc)
+    guard = StateGuard()
+    outcome = device_census(ctx)
+    guard.assert_unchanged()
+    assert outcome.status == "confirmed"
+    assert outcome.facts["home"] == "meta"
+    assert outcome.detail.startswith("the model's tensors are on meta (2 parameters/buffers) but attribute `pe` of pos "
+                                     "(PositionalEncoding) on cpu (a plain tensor attribute, which .to() does not "
+                                     "move: register it with self.register_buffer)")
+
+
+def test_device_census_names_an_input_on_the_wrong_device():
+    model = nn.Sequential(nn.Linear(4, 2)).to("meta")
+    exc = raised(model, torch.randn(3, 4))
+    outcome = device_census(live_context(exc))
+    assert outcome.status == "confirmed"
+    assert "input arg0 of 0 (Linear) on cpu" in outcome.detail
+
+
+def test_device_census_refutes_when_everything_is_on_one_device():
+    model = TextModel()
+    ids = torch.tensor([[1, 12]])
+    exc = raised(model, ids)
+    outcome = device_census(live_context(exc))
+    assert outcome.status == "refuted"
+    assert outcome.detail.startswith("every parameter, buffer and input is on cpu")
+
+
+def test_dtype_census_names_a_double_input_to_a_float_layer():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(3, 4, dtype=torch.float64)
+    exc = raised(model, x)
+    assert "must have the same dtype" in str(exc)
+    guard = StateGuard(model)
+    outcome = dtype_census(live_context(exc))
+    guard.assert_unchanged()
+    assert outcome.status == "confirmed"
+    assert "input arg0 of 0 (Linear) is Double[3, 4] on cpu while its weights are float32" in outcome.detail
+
+
+def test_dtype_census_names_a_half_parameter_among_float_ones():
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    model[1].half()
+    exc = raised(model, torch.randn(3, 4))
+    outcome = dtype_census(live_context(exc))
+    assert outcome.status == "confirmed"
+    assert "parameter `weight` of 1 (Linear) is float16" in outcome.detail
+
+
+def test_dtype_census_names_float_class_targets():
+    logits = torch.randn(4, 3)
+    target = torch.tensor([0.0, 2.0, 1.0, 1.0])
+    loss_fn = nn.CrossEntropyLoss()
+    exc = raised(loss_fn, logits, target)
+    outcome = dtype_census(live_context(exc, loss_fn=loss_fn))
+    assert outcome.status == "confirmed"
+    assert "the target of CrossEntropyLoss is Float[4] on cpu: class indices must be Long" in outcome.detail
+
+
+def test_dtype_census_refutes_when_dtypes_agree():
+    model = nn.Sequential(nn.Linear(4, 2))
+    exc = raised(model, torch.randn(3, 5))
+    outcome = dtype_census(live_context(exc))
+    assert outcome.status == "refuted"
+    assert "the model's floating tensors are float32" in outcome.detail
+
+
+def test_census_skips_without_live_objects():
+    from triage.incident import Incident
+    from triage.probes.context import ProbeContext
+
+    ctx = ProbeContext(incident=Incident())
+    assert device_census(ctx).status == "skipped"
+    assert dtype_census(ctx).status == "skipped"

@@ -1,0 +1,268 @@
+"""`triage eval [DIR]`: score triage against a corpus of logs and scripts with expected diagnoses.
+
+Layout (ours under corpus/, a team's own the same): `logs/<category>/*.log` and
+`scripts/<category>/*.py`, each folder with an `expected.yaml` mapping a file name to
+`{category, rule, facts, exit_code, args}`. Logs go through explain in-process;
+scripts run under the runner in a subprocess, as a user would run them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .cli import EXIT_FAILED, EXIT_OK, UsageError, _Parser
+
+SCRIPT_TIMEOUT_S = 180
+PYTHON_CATEGORY = "python"
+
+
+@dataclass
+class CaseResult:
+    """One corpus case: what was expected, what triage said, and how long it took."""
+
+    path: str
+    kind: str  # "log" or "script"
+    expected_category: str | None
+    expected_rule: str | None
+    categories: list[str] = field(default_factory=list)
+    rules: list[str] = field(default_factory=list)
+    missing_facts: list[str] = field(default_factory=list)
+    expected_exit: int | None = None
+    exit_code: int | None = None
+    seconds: float = 0.0
+    error: str = ""
+
+    @property
+    def top1(self) -> bool:
+        leading = self.categories[0] if self.categories else None
+        return leading == self.expected_category and not self.error
+
+    @property
+    def top3(self) -> bool:
+        if self.expected_category is None:
+            return not self.categories and not self.error
+        return self.expected_category in self.categories[:3] and not self.error
+
+    @property
+    def rule_ok(self) -> bool:
+        return not self.expected_rule or (bool(self.rules) and self.rules[0] == self.expected_rule)
+
+    @property
+    def exit_ok(self) -> bool:
+        return self.expected_exit is None or self.exit_code == self.expected_exit
+
+    @property
+    def python_negative_misread(self) -> bool:
+        """A plain Python failure given a PyTorch diagnosis."""
+        return self.expected_category == PYTHON_CATEGORY and bool(self.categories) and self.categories[0] != PYTHON_CATEGORY
+
+    @property
+    def ok(self) -> bool:
+        return self.top1 and self.rule_ok and not self.missing_facts and self.exit_ok
+
+
+def default_corpus() -> Path:
+    return Path(__file__).resolve().parent.parent / "corpus"
+
+
+def load_cases(root: Path, kind: str) -> list[tuple[Path, dict[str, Any]]]:
+    """Every (file, expectation) under `root` from its folders' expected.yaml files."""
+    cases = []
+    for expected_file in sorted(root.rglob("expected.yaml")):
+        try:
+            entries = yaml.safe_load(expected_file.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise UsageError(f"{expected_file}: cannot read expectations ({exc})") from None
+        if not isinstance(entries, dict):
+            raise UsageError(f"{expected_file}: expected a mapping of file name to expectation")
+        for name, expectation in entries.items():
+            expectation = expectation or {}
+            if kind == "script" and expectation.get("needs_rule") == "skip":
+                continue
+            cases.append((expected_file.parent / name, expectation))
+    return cases
+
+
+def evaluate_logs(root: Path, kb) -> list[CaseResult]:
+    from .explain import explain_log
+    from .logread import LogReadError
+
+    results = []
+    for path, expectation in load_cases(root, "log"):
+        result = _new_result(path, "log", expectation)
+        started = time.perf_counter()
+        try:
+            report = explain_log(str(path), kb)
+            _fill(result, [d.to_dict() for d in report.diagnoses], expectation)
+        except LogReadError as exc:
+            result.error = str(exc)
+        result.seconds = time.perf_counter() - started
+        results.append(result)
+    return results
+
+
+def evaluate_scripts(root: Path, jobs: int = 2) -> list[CaseResult]:
+    cases = load_cases(root, "script")
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(lambda case: _run_script(*case), cases))
+
+
+def _has_cuda() -> bool:
+    """Whether this machine has an NVIDIA driver, without importing torch in the evaluating process."""
+    return os.path.exists("/proc/driver/nvidia/version")
+
+
+def _run_script(path: Path, expectation: dict[str, Any]) -> CaseResult:
+    if expectation.get("requires") == "cuda" and not _has_cuda():
+        # Such a script fails only on a GPU; here it must simply succeed, and triage add nothing.
+        expectation = {**expectation, "category": None, "rule": None, "facts": [], "exit_code": 0}
+    result = _new_result(path, "script", expectation)
+    result.expected_exit = expectation.get("exit_code", 1)
+    with tempfile.TemporaryDirectory(prefix="triage-eval-") as tmp:
+        report_json = Path(tmp) / "report.json"
+        command = [sys.executable, "-m", "triage", "--report-dir", str(Path(tmp) / "report"), "--json", str(report_json)]
+        command += [*expectation.get("options", []), str(path.name), *map(str, expectation.get("args", []))]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))}
+        started = time.perf_counter()
+        try:
+            done = subprocess.run(command, cwd=path.parent, env=env, capture_output=True, text=True,
+                                  timeout=expectation.get("timeout", SCRIPT_TIMEOUT_S), stdin=subprocess.DEVNULL)
+            result.exit_code = done.returncode
+        except subprocess.TimeoutExpired:
+            result.error = "timed out"
+        result.seconds = time.perf_counter() - started
+        if report_json.exists():
+            diagnoses = json.loads(report_json.read_text()).get("diagnoses", [])
+            _fill(result, diagnoses, expectation)
+        elif result.expected_category is not None and not result.error:
+            result.error = "no report written"
+            _fill(result, [], expectation)
+    return result
+
+
+def _new_result(path: Path, kind: str, expectation: dict[str, Any]) -> CaseResult:
+    return CaseResult(
+        path=str(path), kind=kind,
+        expected_category=expectation.get("category"), expected_rule=expectation.get("rule"),
+    )  # fmt: skip
+
+
+def _fill(result: CaseResult, diagnoses: list[dict[str, Any]], expectation: dict[str, Any]) -> None:
+    result.categories = [d["category"] for d in diagnoses]
+    result.rules = [d["rule"] for d in diagnoses]
+    if diagnoses:
+        lead = diagnoses[0]
+        text = " ".join([lead["title"], lead["hypothesis"], lead["fix"], lead.get("confirm", ""), *lead.get("evidence", [])])
+        text += " " + " ".join(p.get("detail", "") for p in lead.get("probes", []))
+        result.missing_facts = [str(fact) for fact in expectation.get("facts", []) if str(fact) not in text]
+    else:
+        result.missing_facts = [str(fact) for fact in expectation.get("facts", [])]
+
+
+@dataclass
+class Score:
+    """Corpus-wide figures, the ones the test suite holds the line on."""
+
+    cases: int
+    top1: float
+    top3: float
+    rule_top1: float
+    facts: float
+    exit_parity: float
+    python_negatives_misread: int
+    seconds_per_case: float
+
+
+def score(results: list[CaseResult]) -> Score:
+    n = len(results) or 1
+    return Score(
+        cases=len(results),
+        top1=sum(r.top1 for r in results) / n,
+        top3=sum(r.top3 for r in results) / n,
+        rule_top1=sum(r.rule_ok for r in results) / n,
+        facts=sum(not r.missing_facts for r in results) / n,
+        exit_parity=sum(r.exit_ok for r in results) / n,
+        python_negatives_misread=sum(r.python_negative_misread for r in results),
+        seconds_per_case=sum(r.seconds for r in results) / n,
+    )
+
+
+def format_table(results: list[CaseResult]) -> str:
+    by_category: dict[str, list[CaseResult]] = {}
+    for result in results:
+        by_category.setdefault(f"{result.kind}:{result.expected_category or '(passes)'}", []).append(result)
+    lines = [f"{'corpus / category':<24} {'cases':>5} {'top-1':>6} {'top-3':>6} {'rule':>6} {'facts':>6} {'ms/case':>8}"]
+    for name in sorted(by_category):
+        group = by_category[name]
+        s = score(group)
+        lines.append(f"{name:<24} {s.cases:>5} {s.top1:>6.0%} {s.top3:>6.0%} {s.rule_top1:>6.0%} {s.facts:>6.0%} {s.seconds_per_case * 1000:>8.0f}")
+    for kind in ("log", "script"):
+        group = [r for r in results if r.kind == kind]
+        if group:
+            s = score(group)
+            lines.append(f"{'ALL ' + kind + 's':<24} {s.cases:>5} {s.top1:>6.1%} {s.top3:>6.1%} {s.rule_top1:>6.1%} {s.facts:>6.1%} {s.seconds_per_case * 1000:>8.0f}")
+    total = score(results)
+    lines.append(f"python negatives given a PyTorch diagnosis: {total.python_negatives_misread}")
+    if any(r.kind == "script" for r in results):
+        scripts = score([r for r in results if r.kind == "script"])
+        lines.append(f"script exit-status parity: {scripts.exit_parity:.1%}")
+    misses = [r for r in results if not r.ok]
+    if misses:
+        lines.append("")
+        lines.append("misses:")
+        for r in misses:
+            got = f"{r.categories[0]}/{r.rules[0]}" if r.rules else "no diagnosis"
+            reasons = []
+            if not r.top1 or not r.rule_ok:
+                reasons.append(f"expected {r.expected_category}/{r.expected_rule or '-'}, got {got}")
+            if r.missing_facts:
+                reasons.append(f"missing facts {r.missing_facts}")
+            if not r.exit_ok:
+                reasons.append(f"exit {r.exit_code}, expected {r.expected_exit}")
+            if r.error:
+                reasons.append(r.error)
+            lines.append(f"  {r.path}: {'; '.join(reasons)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = _Parser(prog="triage eval", description="Score triage against a corpus of failing logs and scripts.")
+    parser.add_argument("dir", nargs="?", type=Path, help="corpus folder with logs/ and/or scripts/ (default: ours)")
+    parser.add_argument("--logs-only", action="store_true", help="skip running scripts")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument("--rules", action="append", default=[], metavar="PATH")
+    parser.add_argument("--jobs", type=int, default=2, help="scripts run at once")
+    args = parser.parse_args(argv)
+    root = args.dir or default_corpus()
+    if not root.is_dir():
+        raise UsageError(f"{root}: not a corpus folder")
+    logs = root / "logs" if (root / "logs").is_dir() else None
+    scripts = root / "scripts" if (root / "scripts").is_dir() else None
+    if logs is None and scripts is None:
+        logs = root  # a bare folder of category folders of logs
+
+    from .kb import load_knowledge_base
+
+    kb = load_knowledge_base([Path(p) for p in args.rules])
+    results = evaluate_logs(logs, kb) if logs else []
+    if scripts and not args.logs_only:
+        results += evaluate_scripts(scripts, jobs=args.jobs)
+    if not results:
+        raise UsageError(f"{root}: no cases (no expected.yaml under logs/ or scripts/)")
+    if args.format == "json":
+        print(json.dumps({"score": asdict(score(results)), "cases": [asdict(r) | {"ok": r.ok} for r in results]}, indent=2))
+    else:
+        print(format_table(results))
+    return EXIT_OK if all(r.ok for r in results) else EXIT_FAILED

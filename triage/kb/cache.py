@@ -1,0 +1,74 @@
+"""A cache of validated rule layers, so that start-up does not re-validate unchanged rule files.
+
+Validation parses every template to check the names it uses, which costs far more than
+matching; the result depends only on the rule files and on this engine, so it is keyed
+by their paths, sizes and modification times. Any failure to read or write the cache
+falls back to loading the files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import sys
+from pathlib import Path
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+_ENGINE_FILES = ("rule.py", "loader.py", "yamlpos.py", "templates.py", "safe_regex.py", "cache.py")
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "triage"
+
+
+def cached(files: list[Path], salt: str, build: Callable[[], T]) -> T:
+    """`build()`, or its stored result from an earlier run with the same files and engine."""
+    if os.environ.get("TRIAGE_NO_CACHE"):
+        return build()
+    key = _key(files, salt)
+    if key is None:
+        return build()
+    path = cache_dir() / f"kb-{key}.pickle"
+    try:
+        with open(path, "rb") as handle:
+            return pickle.load(handle)
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, TypeError, ValueError):
+        pass
+    value = build()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        import tempfile  # only on a cache miss
+
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as handle:
+            pickle.dump(value, handle, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(handle.name, path)
+    except OSError:
+        pass  # a read-only home is no reason to fail
+    return value
+
+
+def _key(files: list[Path], salt: str) -> str | None:
+    from .. import __version__
+    from ..probes import PROBES, registered_probes
+
+    engine = Path(__file__).resolve().parent
+    # Probes installed through entry points change validation too, but scanning every installed
+    # distribution costs more than the cache saves; installing or removing a package changes
+    # its site folder's modification time instead, so those times stand in for the scan.
+    probes = sorted(PROBES) + sorted(registered_probes())
+    digest = hashlib.sha256(f"{__version__}\0{salt}\0{probes}\0{Path.cwd()}".encode())
+    for folder in sys.path:
+        try:
+            digest.update(f"{folder}\0{os.stat(folder or '.').st_mtime_ns}\0".encode())
+        except OSError:
+            continue
+    try:
+        for path in [*files, *(engine / name for name in _ENGINE_FILES)]:
+            info = path.stat()
+            digest.update(f"{path.resolve()}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+    except OSError:
+        return None
+    return digest.hexdigest()[:32]

@@ -1,0 +1,283 @@
+"""anomaly_rerun: replay forward, loss and backward on CPU copies under torch.autograd.detect_anomaly.
+
+Three observers watch the replay: a TorchFunctionMode that notes, for every torch
+call, the user's line, which tensor it wrote in place, and the first call that
+turned finite inputs into NaN/Inf; forward hooks for the first module whose
+output is non-finite; and anomaly mode for the backward function that returned
+NaN (with the forward line that created it) or the tensor an in-place write
+invalidated.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ..diagnosis import ProbeResult
+from ..incident import is_user_path
+from ._support import (Unavailable, cuda_poisoned, exception_line, iter_tensors, preserved_state, result,
+                       tracker_paused)
+from .context import ProbeContext
+from .step import Step, call, first_tensor, rebuild
+
+NAME = "anomaly_rerun"
+_INPLACE_DUNDERS = {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__ipow__", "__iand__",
+                    "__ior__", "__ixor__", "__imatmul__", "__setitem__"}
+_REPLAY_BOUNDARY = "triage/probes/step.py"
+_INPLACE_FLAG = {"relu", "relu6", "leaky_relu", "elu", "selu", "celu", "hardtanh", "threshold", "rrelu", "silu",
+                 "hardswish", "hardsigmoid", "mish", "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout"}
+_VERSION_ERROR = re.compile(r"\[torch\.\w+ \[(?P<shape>[\d, ]*)\]\], which is output (?P<index>\d+) of "
+                            r"(?P<producer>\w+?)(?:Backward\d*)?, is at version (?P<version>\d+)")
+_NAN_BACKWARD = re.compile(r"Function '(?P<fn>\w+)' returned nan values in its (?P<index>\d+)th output")
+_FORWARD_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n(?P<code>[^\n]*)',
+                            re.MULTILINE)
+
+
+def _user_site() -> str:
+    """`file:line: `code`` of the innermost user frame calling into torch right now."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        normalized = filename.replace("\\", "/")
+        if normalized.endswith(_REPLAY_BOUNDARY):
+            return ""  # outside the replayed call: the probe's own callers
+        if is_user_path(filename) and "/triage/" not in normalized:
+            import linecache
+
+            code = linecache.getline(filename, frame.f_lineno).strip()
+            return f"{filename}:{frame.f_lineno}" + (f": `{code}`" if code else "")
+        frame = frame.f_back
+    return ""
+
+
+def _op_name(func: Any) -> str:
+    name = getattr(func, "__name__", None) or str(func)
+    return name
+
+
+class OpLog(TorchFunctionMode):
+    """Records producers, in-place writes and the first op that produced NaN/Inf from finite inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.producers: dict[int, tuple[str, str]] = {}
+        self.writes: list[tuple[torch.Tensor, str, str]] = []
+        self.first_nonfinite: str | None = None
+        self.keep: list[torch.Tensor] = []  # keeps ids unique while the log lives
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        try:
+            self._note(func, args, kwargs, out)
+        except Exception:  # observing must never change what the replay does
+            pass
+        return out
+
+    def _note(self, func, args, kwargs, out) -> None:
+        name = _op_name(func)
+        tensors_in = [t for _, t in iter_tensors((args, kwargs))]
+        inplace = (name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("_"))
+                   or kwargs.get("inplace") is True or (name in _INPLACE_FLAG and len(args) >= 2 and args[-1] is True)
+                   or "out" in kwargs)
+        if inplace and tensors_in:
+            target = kwargs.get("out") if isinstance(kwargs.get("out"), torch.Tensor) else tensors_in[0]
+            self.writes.append((target, name, _user_site()))
+            self.keep.append(target)
+        elif isinstance(out, torch.Tensor):
+            self.producers.setdefault(id(out), (name, _user_site()))
+            self.keep.append(out)
+        if self.first_nonfinite is None:
+            outs = [t for _, t in iter_tensors(out)] if not inplace else tensors_in[:1]
+            if any(t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()) for t in outs):
+                if all(not t.is_floating_point() or bool(torch.isfinite(t).all()) for t in tensors_in
+                       if not (inplace and t is tensors_in[0])):
+                    bad = next(t for t in outs if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+                    kind = "nan" if bool(torch.isnan(bad).any()) else "inf"
+                    self.first_nonfinite = f"{name} at {_user_site() or 'an unknown line'} produced {kind} from finite inputs"
+
+
+def anomaly_rerun(ctx: ProbeContext) -> ProbeResult:
+    poisoned = cuda_poisoned(ctx)
+    try:
+        step = rebuild(ctx, poisoned)
+    except Unavailable as exc:
+        return result(NAME, "skipped", str(exc))
+    if step.model is None and step.failing_call is None:
+        return result(NAME, "skipped", "no module to replay")
+    with preserved_state(), tracker_paused():
+        observed = _replay(step)
+    return _verdict(ctx, step, observed)
+
+
+@dataclass
+class Observed:
+    error: BaseException | None = None
+    stage: str = ""
+    anomaly_trace: str = ""
+    first_module: str | None = None
+    first_op: str | None = None
+    log: OpLog | None = None
+    nonfinite_params: list[str] = field(default_factory=list)
+    nonfinite_grads: list[str] = field(default_factory=list)
+    loss_value: float | None = None
+    stand_in_loss: bool = False
+
+
+def _replay(step: Step) -> Observed:
+    seen = Observed()
+    root = step.model.module if step.model else step.failing_call.fn
+    names = {id(m): n for n, m in root.named_modules()}
+    seen.nonfinite_params = [n for n, p in root.named_parameters()
+                             if p.is_floating_point() and not bool(torch.isfinite(p).all())]
+
+    def watch(module, args, output):
+        if seen.first_module is None:
+            for _, t in iter_tensors(output):
+                if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t.detach()).all()):
+                    path = names.get(id(module), "")
+                    seen.first_module = f"{path} ({type(module).__name__})" if path else type(module).__name__
+                    break
+
+    handles = [m.register_forward_hook(watch) for m in root.modules()]
+    log = OpLog()
+    seen.log = log
+    first = step.model_call or step.failing_call
+    try:
+        with warnings.catch_warnings(record=True) as caught, torch.enable_grad():
+            warnings.simplefilter("always")
+            with torch.autograd.detect_anomaly(check_nan=True):
+                try:
+                    seen.stage = "forward"
+                    with log:
+                        output = call(first)
+                        loss = None
+                        if step.loss_call is not None and first is step.model_call:
+                            seen.stage = "loss"
+                            try:
+                                loss = call(step.loss_call, output)
+                            except Unavailable:
+                                loss = None
+                        if loss is None:
+                            main = first_tensor(output)
+                            if main is None or not main.requires_grad:
+                                raise Unavailable("the output does not require grad: nothing to backpropagate")
+                            loss = main.float().sum()
+                            seen.stand_in_loss = True
+                    seen.loss_value = float(loss.detach()) if loss.numel() == 1 else None
+                    seen.stage = "backward"
+                    loss.backward()
+                except Unavailable:
+                    raise
+                except Exception as exc:  # the finding
+                    seen.error = exc
+        for warning in caught:
+            text = str(warning.message)
+            if "Traceback of forward call" in text:
+                seen.anomaly_trace = text
+    finally:
+        for handle in handles:
+            handle.remove()
+    seen.first_op = log.first_nonfinite
+    if seen.error is None:
+        seen.nonfinite_grads = [n for n, p in root.named_parameters()
+                                if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+    return seen
+
+
+def _forward_line(anomaly_trace: str) -> str:
+    """The innermost user frame of anomaly mode's 'Traceback of forward call', inside the replayed call."""
+    found = ""
+    frames = list(_FORWARD_FRAME.finditer(anomaly_trace))
+    starts = [i for i, m in enumerate(frames) if m["file"].replace("\\", "/").endswith(_REPLAY_BOUNDARY)]
+    for match in frames[starts[-1] + 1 if starts else 0:]:
+        if is_user_path(match["file"]) and "/triage/" not in match["file"].replace("\\", "/"):
+            found = f"{match['file']}:{match['line']} in {match['func']}: `{match['code'].strip()}`"
+    return found
+
+
+def _stage_of(function: str) -> str:
+    return "loss" if "Loss" in function or "loss" in function.lower() else "model"
+
+
+def _verdict(ctx: ProbeContext, step: Step, seen: Observed) -> ProbeResult:
+    category = getattr(ctx.diagnosis, "category", None) or ("nan" if ctx.incident.kind == "nan" else None)
+    facts: dict[str, Any] = {"stage": seen.stage, "first_nonfinite_op": seen.first_op,
+                             "first_nonfinite_module": seen.first_module,
+                             "nonfinite_parameters": seen.nonfinite_params[:20],
+                             "nonfinite_gradients": seen.nonfinite_grads[:20], "loss": seen.loss_value}
+    weights = "" if step.model is None or step.model.real_weights else f" ({step.model.note})"
+    error = seen.error
+    if error is not None:
+        facts["exception"] = type(error).__name__
+        message = str(error)
+        nan = _NAN_BACKWARD.search(message)
+        version = _VERSION_ERROR.search(message)
+        forward = _forward_line(seen.anomaly_trace)
+        if nan:
+            parts = []
+            if seen.nonfinite_params:
+                parts.append(f"parameters already non-finite before the step: {', '.join(seen.nonfinite_params[:5])}")
+            if seen.first_op:
+                parts.append(f"first non-finite value in the forward pass: {seen.first_op}")
+            if seen.first_module:
+                parts.append(f"first module with a non-finite output: {seen.first_module}")
+            parts.append(f"in backward, {nan['fn']} returned nan in its output {nan['index']}"
+                         + (f" (forward line {forward})" if forward else f" (in the {_stage_of(nan['fn'])})"))
+            facts.update(backward_function=nan["fn"], forward_line=forward)
+            status = "confirmed" if category in (None, "nan") else "inconclusive"
+            return result(NAME, status, "; ".join(parts) + weights, **facts)
+        if version:
+            detail = _inplace_detail(version, seen.log, forward)
+            facts.update(forward_line=forward)
+            status = "confirmed" if category in (None, "inplace", "autograd") else "inconclusive"
+            return result(NAME, status, detail + weights, **facts)
+        original = ctx.incident.exception
+        same = original is not None and original.short_type == type(error).__name__
+        where_ = f" (forward line {forward})" if forward else ""
+        return result(NAME, "confirmed" if same else "inconclusive",
+                      f"the replay raises {exception_line(error)} in the {seen.stage}{where_}{weights}", **facts)
+    if seen.nonfinite_params or seen.first_op or seen.first_module or seen.nonfinite_grads:
+        parts = []
+        if seen.nonfinite_params:
+            parts.append(f"parameters already non-finite before the step: {', '.join(seen.nonfinite_params[:5])}")
+        if seen.first_op:
+            parts.append(f"first non-finite value: {seen.first_op}")
+        if seen.first_module:
+            parts.append(f"first module with a non-finite output: {seen.first_module}")
+        if seen.nonfinite_grads:
+            parts.append(f"non-finite gradients in {', '.join(seen.nonfinite_grads[:5])}")
+        status = "confirmed" if category in (None, "nan") else "inconclusive"
+        return result(NAME, status, "; ".join(parts) + weights, **facts)
+    loss = f"loss {seen.loss_value:.4g}" if seen.loss_value is not None else "the output"
+    stand_in = " (the output's sum stood in for the loss)" if seen.stand_in_loss else ""
+    clean = f"forward, loss and backward replay under anomaly detection without error: {loss}{stand_in}, " \
+            f"all gradients finite{weights}"
+    if category in ("nan", "inplace", "autograd"):
+        return result(NAME, "refuted", clean, **facts)
+    return result(NAME, "inconclusive", clean, **facts)
+
+
+def _inplace_detail(version: re.Match, log: OpLog | None, forward: str) -> str:
+    shape = [int(s) for s in version["shape"].replace(" ", "").split(",") if s]
+    producer = version["producer"].lower()
+    needed = f"backward needs the output of {version['producer']} [{', '.join(map(str, shape))}]" \
+             + (f", saved by the forward line {forward}" if forward else "")
+    if log is None:
+        return needed
+    candidates = [(t, name, site) for t, name, site in log.writes if list(t.shape) == shape]
+    matching = [w for w in candidates if producer in log.producers.get(id(w[0]), ("", ""))[0].lower()]
+    chosen = (matching or candidates)
+    if not chosen:
+        return f"{needed}; it was modified in place at version {version['version']}"
+    tensor, name, site = chosen[0]
+    made_by, made_at = log.producers.get(id(tensor), (version["producer"], ""))
+    made = f" (made by {made_by}" + (f" at {made_at})" if made_at else ")")
+    return (f"the in-place {name} at {site or 'an unknown line'} modified the output of {version['producer']}"
+            f"{made}; {needed}. Use the out-of-place form (e.g. `x = x + 1`, inplace=False) or .clone() first")

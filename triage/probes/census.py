@@ -1,0 +1,218 @@
+"""device_census and dtype_census: where every parameter, buffer and input lives, and which ones disagree.
+
+Only metadata is read (device and dtype are host-side), so both are safe after a
+CUDA error. Besides registered parameters and buffers, plain tensor attributes of
+modules are listed too: `.to(device)` does not move them, a classic source of
+"Expected all tensors to be on the same device".
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..diagnosis import ProbeResult
+from ._support import describe, iter_tensors, module_names, result
+from .context import ProbeContext
+
+_CLASS_LOSSES = ("CrossEntropyLoss", "NLLLoss", "cross_entropy", "nll_loss")
+_REGRESSION_LOSSES = ("MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss", "BCEWithLogitsLoss",
+                      "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
+                      "binary_cross_entropy_with_logits")
+
+
+@dataclass
+class Entry:
+    """One tensor the model or the failing call holds: what it is and its metadata."""
+
+    label: str  # "parameter `weight` of fc1 (Linear)"
+    tensor: torch.Tensor
+    kind: str  # parameter | buffer | attribute | input | optimizer state
+    hint: str = ""
+
+    @property
+    def device(self) -> str:
+        return str(self.tensor.device)
+
+    @property
+    def dtype(self) -> str:
+        return str(self.tensor.dtype).replace("torch.", "")
+
+
+def model_entries(model: nn.Module | None) -> list[Entry]:
+    if model is None:
+        return []
+    entries: list[Entry] = []
+    seen: set[int] = set()
+    for path, module in model.named_modules():
+        owner = f"{path} ({type(module).__name__})" if path else type(module).__name__
+        for name, param in module._parameters.items():
+            if param is not None and id(param) not in seen:
+                seen.add(id(param))
+                entries.append(Entry(f"parameter `{name}` of {owner}", param, "parameter"))
+        for name, buf in module._buffers.items():
+            if buf is not None and id(buf) not in seen:
+                seen.add(id(buf))
+                entries.append(Entry(f"buffer `{name}` of {owner}", buf, "buffer"))
+        for name, value in vars(module).items():
+            if isinstance(value, torch.Tensor) and id(value) not in seen:
+                seen.add(id(value))
+                entries.append(Entry(f"attribute `{name}` of {owner}", value, "attribute",
+                                     "a plain tensor attribute, which .to() does not move: register it with "
+                                     "self.register_buffer"))
+    return entries
+
+
+def input_entries(ctx: ProbeContext) -> list[Entry]:
+    """Tensors the failing layer, the model and the loss were called with."""
+    names = module_names(ctx.model if isinstance(ctx.model, nn.Module) else None)
+    entries: list[Entry] = []
+    seen: set[int] = set()
+    sources = []
+    if ctx.module is not None:
+        path = names.get(id(ctx.module), ctx.module_name or "")
+        owner = f"{path} ({type(ctx.module).__name__})" if path else type(ctx.module).__name__
+        sources.append((f"input {{}} of {owner}", (tuple(ctx.module_args or ()), ctx.module_kwargs or {})))
+    if ctx.model_args is not None:
+        sources.append(("model input {}", (ctx.model_args, ctx.model_kwargs or {})))
+    if ctx.loss_args is not None:
+        sources.append(("loss input {}", (ctx.loss_args, ctx.loss_kwargs or {})))
+    for template, value in sources:
+        for path, tensor in iter_tensors(value):
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                entries.append(Entry(template.format(_arg_path(path)), tensor, "input"))
+    return entries
+
+
+def _arg_path(path: str) -> str:
+    # iter_tensors over (args, kwargs) names them "[0][1]" / "[1]['mask']"
+    if path.startswith("[0]["):
+        return "arg" + path[4:].split("]", 1)[0] + path[4:].split("]", 1)[1]
+    if path.startswith("[1]["):
+        return path[4:].split("]", 1)[0].strip("'\"") + path[4:].split("]", 1)[1]
+    return path
+
+
+def optimizer_entries(optimizer, model: nn.Module | None) -> list[Entry]:
+    if optimizer is None or not hasattr(optimizer, "state"):
+        return []
+    names = {id(p): n for n, p in model.named_parameters()} if isinstance(model, nn.Module) else {}
+    entries: list[Entry] = []
+    try:
+        states = list(optimizer.state.items())
+    except Exception:
+        return []
+    for param, state in states[:10000]:
+        for key, value in (state.items() if isinstance(state, dict) else ()):
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                owner = names.get(id(param), "a parameter")
+                entries.append(Entry(f"optimizer state `{key}` of {owner}", value, "optimizer state"))
+    return entries
+
+
+def _model(ctx: ProbeContext) -> nn.Module | None:
+    if isinstance(ctx.model, nn.Module):
+        return ctx.model
+    return ctx.module if isinstance(ctx.module, nn.Module) else None
+
+
+def _listed(entries: list[Entry], attr: str, limit: int = 4) -> str:
+    shown = "; ".join((f"{e.label} on {e.device}" if attr == "device" else f"{e.label} is {e.dtype}")
+                      + (f" ({e.hint})" if e.hint else "") for e in entries[:limit])
+    more = f"; and {len(entries) - limit} more" if len(entries) > limit else ""
+    return shown + more
+
+
+def device_census(ctx: ProbeContext) -> ProbeResult:
+    model = _model(ctx)
+    held = model_entries(model) + optimizer_entries(ctx.optimizer, model)
+    inputs = input_entries(ctx)
+    if not held and not inputs:
+        return result("device_census", "skipped", "no live model or inputs to inspect")
+    weights = Counter(e.device for e in held if e.kind in ("parameter", "buffer")) or Counter(e.device for e in held)
+    home = weights.most_common(1)[0][0] if weights else Counter(e.device for e in inputs).most_common(1)[0][0]
+    odd = [e for e in held + inputs if e.device != home]
+    everything = Counter(e.device for e in held + inputs)
+    facts = {"devices": dict(everything), "home": home,
+             "odd": [f"{e.label} on {e.device}" for e in odd][:50]}
+    if not odd:
+        return result("device_census", "refuted", f"every parameter, buffer and input is on {home} "
+                      f"({sum(everything.values())} tensors)", **facts)
+    held_n = sum(weights.values())
+    detail = (f"the model's tensors are on {home} ({held_n} parameters/buffers) but "
+              f"{_listed(sorted(odd, key=_priority), 'device')}")
+    return result("device_census", "confirmed", detail, **facts)
+
+
+def _priority(entry: Entry) -> int:
+    return {"attribute": 0, "buffer": 1, "parameter": 2, "input": 3, "optimizer state": 4}.get(entry.kind, 5)
+
+
+def dtype_census(ctx: ProbeContext) -> ProbeResult:
+    model = _model(ctx)
+    held = model_entries(model)
+    inputs = input_entries(ctx)
+    if not held and not inputs:
+        return result("dtype_census", "skipped", "no live model or inputs to inspect")
+    floats = Counter(e.dtype for e in held if e.tensor.is_floating_point())
+    home = floats.most_common(1)[0][0] if floats else None
+    odd: list[str] = []
+    if home is not None:
+        odd += [f"{e.label} is {e.dtype}" for e in held if e.tensor.is_floating_point() and e.dtype != home]
+    odd += _failing_call_mismatches(ctx, model)
+    odd += _loss_mismatches(ctx)
+    facts = {"dtypes": dict(Counter(e.dtype for e in held + inputs)), "home": home, "odd": odd[:50]}
+    if not odd:
+        shown = f"the model's floating tensors are {home}" if home else "the model has no floating tensors"
+        kinds = Counter(f"{e.dtype}" for e in inputs)
+        ins = f"; inputs: {', '.join(f'{n} {k}' for k, n in kinds.items())}" if inputs else ""
+        return result("dtype_census", "refuted", f"no dtype disagreement: {shown}{ins}", **facts)
+    lead = f"the model's floating tensors are {home}" if home else "the model holds no floating tensors"
+    more = f"; and {len(odd) - 4} more" if len(odd) > 4 else ""
+    return result("dtype_census", "confirmed", f"{lead}, but " + "; ".join(odd[:4]) + more, **facts)
+
+
+def _failing_call_mismatches(ctx: ProbeContext, model: nn.Module | None) -> list[str]:
+    module = ctx.module if isinstance(ctx.module, nn.Module) else None
+    if module is None:
+        return []
+    own = [p for p in module.parameters(recurse=False) if p.is_floating_point()]
+    if not own:
+        return []
+    want = own[0].dtype
+    names = module_names(model)
+    path = names.get(id(module), ctx.module_name or "")
+    owner = f"{path} ({type(module).__name__})" if path else type(module).__name__
+    out = []
+    for arg_path, tensor in iter_tensors((tuple(ctx.module_args or ()), ctx.module_kwargs or {})):
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+            continue
+        if tensor.dtype != want:
+            out.append(f"input {_arg_path(arg_path)} of {owner} is {describe(tensor)} while its weights are "
+                       f"{str(want).replace('torch.', '')}")
+    return out
+
+
+def _loss_mismatches(ctx: ProbeContext) -> list[str]:
+    if ctx.loss_args is None or ctx.loss_fn is None:
+        return []
+    name = type(ctx.loss_fn).__name__ if isinstance(ctx.loss_fn, nn.Module) else getattr(ctx.loss_fn, "__name__", "")
+    tensors = [a for a in ctx.loss_args if isinstance(a, torch.Tensor)]
+    target = ctx.loss_kwargs.get("target") if ctx.loss_kwargs else None
+    if len(tensors) < 2 and target is None:
+        return []
+    prediction, target = tensors[0], target if target is not None else tensors[1]
+    if name in _CLASS_LOSSES:
+        if target.is_floating_point() and target.shape != prediction.shape:
+            return [f"the target of {name} is {describe(target)}: class indices must be Long (int64)"]
+        if not target.is_floating_point() and target.dtype != torch.long:
+            return [f"the target of {name} is {describe(target)}: class indices must be Long (int64)"]
+        return []
+    if name in _REGRESSION_LOSSES and target.dtype != prediction.dtype:
+        return [f"the target of {name} is {describe(target)} but its input is {describe(prediction)}: "
+                f"they must have the same dtype"]
+    return []

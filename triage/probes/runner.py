@@ -1,0 +1,201 @@
+"""Run the probes the diagnoses name, each under a time limit, and re-rank the diagnoses by what they found.
+
+`context_from_failure` builds the ProbeContext from an exception and the live
+Tracker; `run_probes` fills each diagnosis's `probes` and moves confirmed
+hypotheses up and refuted ones down. Nothing a probe does escapes as an
+exception: a probe that raises, cannot be loaded or runs out of time is a
+result with status `error`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+from ..diagnosis import PROBE_STATUSES, Diagnosis, ProbeResult
+from ..incident import Incident
+from . import PROBES
+from .context import ProbeContext
+
+# Probes that record something (an artifact) rather than test the hypothesis: they do not move ranks.
+NEUTRAL = frozenset({"save_batch"})
+
+
+def run_probes(diagnoses: list[Diagnosis], ctx: ProbeContext) -> None:
+    """Run every probe each diagnosis names (once per probe and hypothesis), then re-rank `diagnoses` in place."""
+    start = time.monotonic()
+    done: dict[tuple, ProbeResult] = {}
+    for diagnosis in diagnoses:
+        for name in diagnosis.probe_names:
+            key = (name, diagnosis.category, _values_key(diagnosis.values))
+            if key in done:
+                diagnosis.probes.append(dataclasses.replace(done[key]))
+                continue
+            remaining = ctx.total_time_s - (time.monotonic() - start)
+            if remaining <= 0.05:
+                outcome = ProbeResult(name, "skipped", f"the probes' time budget of {ctx.total_time_s:g} s is spent")
+            else:
+                outcome = run_probe(name, dataclasses.replace(ctx, diagnosis=diagnosis),
+                                    min(ctx.time_limit_s, remaining))
+            done[key] = outcome
+            diagnosis.probes.append(outcome)
+    rerank(diagnoses)
+
+
+def _values_key(values: dict[str, Any]) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in values.items() if isinstance(v, (str, int, float, bool))))
+
+
+def verdict(diagnosis: Diagnosis) -> str | None:
+    """'confirmed' or 'refuted' when the probes agree on one, else None."""
+    statuses = {p.status for p in diagnosis.probes if p.name not in NEUTRAL}
+    if "confirmed" in statuses and "refuted" not in statuses:
+        return "confirmed"
+    if "refuted" in statuses and "confirmed" not in statuses:
+        return "refuted"
+    return None
+
+
+def rerank(diagnoses: list[Diagnosis]) -> None:
+    """Confirmed hypotheses first, refuted ones last; the matcher's order within each group."""
+    tier = {"confirmed": 0, None: 1, "refuted": 2}
+    diagnoses.sort(key=lambda d: tier[verdict(d)])
+
+
+def run_probe(name: str, ctx: ProbeContext, limit_s: float) -> ProbeResult:
+    """One probe under a time limit; whatever happens, a ProbeResult."""
+    started = time.monotonic()
+    try:
+        function = load(name)
+    except Exception as exc:
+        return ProbeResult(name, "error", f"cannot load the probe: {type(exc).__name__}: {exc}",
+                           seconds=time.monotonic() - started)
+    try:
+        from ._support import call_with_time_limit
+
+        outcome = call_with_time_limit(lambda: function(ctx), limit_s)
+    except Exception as exc:  # the time-limit machinery itself failed (e.g. no torch)
+        return ProbeResult(name, "error", f"cannot run the probe: {type(exc).__name__}: {exc}",
+                           seconds=time.monotonic() - started)
+    if outcome.timed_out:
+        from ._support import innermost_user_frame, where
+
+        frame = innermost_user_frame(outcome.stack) or (outcome.stack[-1] if outcome.stack else None)
+        at = f" (it was at {where(frame)})" if frame else ""
+        return ProbeResult(name, "error", f"stopped at its time limit of {limit_s:.3g} s{at}", seconds=outcome.seconds)
+    if outcome.error is not None:
+        exc = outcome.error
+        facts = {"traceback": "".join(traceback.format_exception(exc))[-4000:]} if os.environ.get("TRIAGE_DEBUG") else {}
+        first_line = str(exc).strip().split("\n", 1)[0]
+        detail = f"the probe failed: {type(exc).__name__}" + (f": {first_line}" if first_line else "")
+        return ProbeResult(name, "error", detail, facts=facts, seconds=outcome.seconds)
+    value = outcome.value
+    if not isinstance(value, ProbeResult) or value.status not in PROBE_STATUSES:
+        return ProbeResult(name, "error", f"the probe returned {type(value).__name__}, not a ProbeResult with a "
+                           f"status in {PROBE_STATUSES}", seconds=outcome.seconds)
+    value.seconds = outcome.seconds
+    value.name = value.name or name
+    return value
+
+
+def load(name: str) -> Callable[[ProbeContext], ProbeResult]:
+    """The function behind a probe name (built-in, or custom where the registry supports it)."""
+    from .. import probes as registry
+
+    loader = getattr(registry, "load_probe", None)
+    if loader is not None:
+        return loader(name)
+    target = PROBES.get(name)
+    if target is None:
+        raise LookupError(f"unknown probe '{name}'")
+    module_name, _, function_name = target.partition(":")
+    return getattr(importlib.import_module(module_name), function_name)
+
+
+def context_from_failure(incident: Incident, exception: BaseException | None = None, report_dir: str | Path | None = None,
+                         tracker: Any = None, time_limit_s: float = 60.0, total_time_s: float = 120.0,
+                         script: str | None = None, script_args: list[str] | None = None) -> ProbeContext:
+    """A ProbeContext from the exception's traceback and the live Tracker.
+
+    The traceback's innermost module call is the failing layer; its outermost
+    the model's call (with the arguments it really got). The Tracker adds what the
+    traceback cannot show: the batch, the step, the optimizer, the loader and the
+    loss function (and the model, for an exception raised outside its forward).
+    """
+    from ..tracking import TRACKER
+    from .calls import failing_calls
+
+    tracker = TRACKER if tracker is None else tracker
+    outer, inner = failing_calls(exception)
+    ctx = ProbeContext(incident=incident, report_dir=Path(report_dir) if report_dir is not None else None,
+                       exception=exception, batch=tracker.batch, batch_index=tracker.batch_index, step=tracker.steps,
+                       loader=tracker.loader or _loader_from_traceback(exception), optimizer=tracker.optimizer,
+                       loss_fn=tracker.loss_fn, time_limit_s=time_limit_s, total_time_s=total_time_s,
+                       script=script, script_args=list(script_args or []))
+    model = tracker.model
+    outer_is_loss = outer is not None and (outer.module is tracker.loss_fn or type(outer.module).__name__.endswith("Loss"))
+    if model is None and outer is not None and not outer_is_loss:
+        model = outer.module
+    if model is None and tracker.optimizer is not None:
+        model = _model_from_optimizer(tracker.optimizer)
+    ctx.model = model
+    if outer is not None and outer.module is model:
+        ctx.model_args, ctx.model_kwargs = outer.args, dict(outer.kwargs)
+    elif tracker.model_call is not None and model is tracker.model:
+        ctx.model_args, ctx.model_kwargs = tracker.model_call[0], dict(tracker.model_call[1])
+    if outer_is_loss:
+        ctx.loss_fn = ctx.loss_fn or outer.module
+        ctx.loss_args, ctx.loss_kwargs = outer.args, dict(outer.kwargs)
+    elif tracker.loss_call is not None:
+        ctx.loss_args, ctx.loss_kwargs = tracker.loss_call[0], dict(tracker.loss_call[1])
+    if inner is not None:
+        ctx.module, ctx.module_args, ctx.module_kwargs = inner.module, inner.args, dict(inner.kwargs)
+        if model is not None:
+            try:
+                ctx.module_name = next((n for n, m in model.named_modules() if m is inner.module), None)
+            except Exception:
+                ctx.module_name = None
+    return ctx
+
+
+def _loader_from_traceback(exception: BaseException | None) -> Any:
+    """The live DataLoader iterator on the traceback (it knows the dataset, sampler and collate_fn)."""
+    tb = exception.__traceback__ if exception is not None else None
+    found = None
+    while tb is not None:
+        candidate = tb.tb_frame.f_locals.get("self")
+        if type(candidate).__name__.endswith("DataLoaderIter") and hasattr(candidate, "_dataset"):
+            found = candidate
+        tb = tb.tb_next
+    return found
+
+
+def _model_from_optimizer(optimizer: Any) -> Any:
+    """The module that owns most of the optimizer's parameters (found among live objects, once, at a failure)."""
+    import gc
+
+    from torch import nn
+
+    try:
+        wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    except Exception:
+        return None
+    best, best_key = None, (0, 0)
+    with warnings.catch_warnings():  # isinstance() on some lazy module attributes warns about deprecations
+        warnings.simplefilter("ignore")
+        modules = [obj for obj in gc.get_objects() if isinstance(obj, nn.Module)]
+    for module in modules:
+        try:
+            owned = sum(1 for p in module.parameters() if id(p) in wanted)
+        except Exception:
+            continue
+        key = (owned, -sum(1 for _ in module.modules()))  # all of them, with the fewest modules: the model itself
+        if owned and key > best_key:
+            best, best_key = module, key
+    return best

@@ -1,0 +1,107 @@
+"""save_batch: keep the failing batch, its step and the RNG states, so that the failure can be replayed at once.
+
+Written to `<report_dir>/batch.pt` as plain containers of CPU tensors (and ints,
+floats, strings), loadable with `torch.load(path, weights_only=True)`;
+`triage/replay.py` loads it for `python -m triage --replay DIR script.py`. The
+file is read back and compared before the probe says it is saved.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..diagnosis import ProbeResult
+from ._support import cuda_poisoned, describe, iter_tensors, readable, result, to_cpu
+from .context import ProbeContext
+
+NAME = "save_batch"
+FORMAT = "triage.batch/1"
+FILENAME = "batch.pt"
+_PLAIN = (int, float, bool, str, bytes, type(None))
+
+
+def rng_states(include_cuda: bool) -> dict[str, Any]:
+    """Python, NumPy and torch RNG states as weights_only-loadable values."""
+    states: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        name, keys, pos, has_gauss, cached = numpy.random.get_state()
+        states["numpy"] = (name, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached))
+    if include_cuda and torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = [s.clone() for s in torch.cuda.get_rng_state_all()]
+    return states
+
+
+def _plain(obj: Any, path: str, poisoned: bool, dropped: list[str], depth: int = 0) -> Any:
+    """A copy of the batch made only of what weights_only loading accepts."""
+    if isinstance(obj, torch.Tensor):
+        if not readable(obj, poisoned):
+            dropped.append(f"{path}: {describe(obj)} unreadable after the CUDA error")
+            return None
+        return to_cpu(obj)
+    if isinstance(obj, _PLAIN):
+        return obj
+    if depth > 8:
+        dropped.append(f"{path}: nested too deep")
+        return None
+    if isinstance(obj, dict) or (hasattr(obj, "items") and hasattr(obj, "keys")):
+        if type(obj) is not dict:
+            dropped.append(f"{path}: {type(obj).__name__} saved as a dict")
+        return {k if isinstance(k, _PLAIN) else str(k): _plain(v, f"{path}[{k!r}]", poisoned, dropped, depth + 1)
+                for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+            dropped.append(f"{path}: {type(obj).__name__} saved as a tuple")
+        items = [_plain(v, f"{path}[{i}]", poisoned, dropped, depth + 1) for i, v in enumerate(obj)]
+        return items if isinstance(obj, list) else tuple(items)
+    dropped.append(f"{path}: {type(obj).__name__} not saved")
+    return None
+
+
+def save_batch(ctx: ProbeContext) -> ProbeResult:
+    if ctx.report_dir is None:
+        return result(NAME, "skipped", "no report folder to save into")
+    batch, source = ctx.batch, "the batch the DataLoader yielded"
+    if batch is None and (ctx.model_args is not None or ctx.module_args):
+        args = ctx.model_args if ctx.model_args is not None else tuple(ctx.module_args)
+        kwargs = ctx.model_kwargs if ctx.model_args is not None else ctx.module_kwargs
+        batch, source = {"args": tuple(args), "kwargs": dict(kwargs or {})}, "the failing call's arguments"
+    if batch is None:
+        return result(NAME, "skipped", "no batch known: use `triage.track(loader)` or run under `python -m triage`")
+    poisoned = cuda_poisoned(ctx)
+    dropped: list[str] = []
+    plain = _plain(batch, "batch", poisoned, dropped)
+    payload = {"format": FORMAT, "batch": plain, "source": source, "batch_index": ctx.batch_index, "step": ctx.step,
+               "rng": rng_states(include_cuda=not poisoned), "dropped": dropped}
+    path = Path(ctx.report_dir) / FILENAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(payload, path)
+    loaded = torch.load(path, weights_only=True)
+    if not _same(plain, loaded["batch"]):
+        return result(NAME, "error", f"{path} does not read back as saved", artifacts=[str(path)])
+    tensors = list(iter_tensors(plain))
+    shown = ", ".join(f"{p} {describe(t).rsplit(' on ', 1)[0]}" for p, t in tensors[:4])
+    more = f" and {len(tensors) - 4} more" if len(tensors) > 4 else ""
+    where = f"batch {ctx.batch_index}" if ctx.batch_index is not None else "the batch"
+    step = f" (step {ctx.step})" if ctx.step is not None else ""
+    lost = f"; not saved: {'; '.join(dropped[:3])}" if dropped else ""
+    detail = (f"saved {where}{step} from {source}: {shown or 'no tensors'}{more}, with the RNG states, to {path} "
+              f"({path.stat().st_size / 1024:.0f} KB); replay with `python -m triage --replay {path.parent} "
+              f"SCRIPT`{lost}")
+    return result(NAME, "confirmed", detail, artifacts=[str(path)], tensors=len(tensors), dropped=dropped)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and bool(
+            torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, equal_nan=True)))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b

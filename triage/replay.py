@@ -1,0 +1,94 @@
+"""Replay a saved failing batch: `python -m triage --replay REPORT_DIR script.py` feeds it to the script first.
+
+`load_replay(dir)` reads `<dir>/batch.pt` (written by the save_batch probe)
+with weights_only=True. `feed_first(replay)` makes the first batch any
+DataLoader iterator yields in this process the saved one (then the loader goes
+on as usual) and, at that moment, puts back the RNG states saved at the
+failure, so dropout and augmentation draw what they drew then.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+
+class ReplayError(Exception):
+    """Raised when a report folder has no usable saved batch; the message says why."""
+
+
+@dataclass
+class Replay:
+    """A saved batch with where it came from and the RNG states at the failure."""
+
+    batch: Any
+    batch_index: int | None
+    step: int | None
+    rng: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+    def restore_rng(self) -> None:
+        """Put back the Python, NumPy, torch (and CUDA, when saved and present) RNG states."""
+        import torch
+
+        if "python" in self.rng:
+            version, internal, gauss = self.rng["python"]
+            random.setstate((version, tuple(internal), gauss))
+        if "torch" in self.rng:
+            torch.set_rng_state(self.rng["torch"])
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and "numpy" in self.rng:
+            name, keys, pos, has_gauss, cached = self.rng["numpy"]
+            numpy.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+        if "cuda" in self.rng and torch.cuda.is_available():
+            states = self.rng["cuda"]
+            if len(states) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(states)
+
+
+def load_replay(directory: str | Path) -> Replay:
+    """The saved batch of a report folder (or of a batch.pt file given directly)."""
+    import torch
+
+    from .probes.save_batch import FILENAME, FORMAT
+
+    path = Path(directory)
+    if path.is_dir():
+        path = path / FILENAME
+    if not path.is_file():
+        raise ReplayError(f"{path}: no saved batch (the save_batch probe writes it when a run fails with a batch)")
+    try:
+        payload = torch.load(path, weights_only=True)
+    except Exception as exc:
+        raise ReplayError(f"{path}: cannot be read: {type(exc).__name__}: {exc}") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ReplayError(f"{path}: not a triage batch file (expected format {FORMAT})")
+    return Replay(payload.get("batch"), payload.get("batch_index"), payload.get("step"),
+                  dict(payload.get("rng") or {}), path)
+
+
+def feed_first(replay: Replay) -> Callable[[], None]:
+    """Make the next DataLoader batch in this process the saved one; returns a function that undoes it."""
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    original = _BaseDataLoaderIter.__next__
+    pending = [True]
+
+    def __next__(self):
+        if pending and pending.pop():
+            replay.restore_rng()
+            return replay.batch
+        return original(self)
+
+    __next__._triage_replay = True  # type: ignore[attr-defined]
+    _BaseDataLoaderIter.__next__ = __next__
+
+    def undo() -> None:
+        pending.clear()
+        if _BaseDataLoaderIter.__next__ is __next__:
+            _BaseDataLoaderIter.__next__ = original
+
+    return undo
