@@ -358,6 +358,40 @@ def test_team_rules_and_rank(tmp_path: Path) -> None:
     assert [p.name.split("-", 2)[-1] for p in (tmp_path / "triage-reports").iterdir()] == ["load-rank3"]
 
 
+def test_a_probe_that_kills_the_process_does_not_change_the_exit_status(tmp_path: Path) -> None:
+    write(tmp_path, "rules/triage.yaml", """\
+        probes:
+          rerun_the_step: team_probes:rerun_the_step
+        python_path: [.]
+    """)
+    write(tmp_path, "rules/team_probes.py", """\
+        import os, signal
+
+        def rerun_the_step(ctx):  # re-runs user code that, this time, takes the whole process down
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    write(tmp_path, "rules/team.yaml", """\
+        - id: team.flaky-step
+          category: python
+          title: The step failed
+          confidence: 0.9
+          match: {exception: ValueError, message: 'flaky'}
+          hypothesis: The step is flaky.
+          fix: Retry it.
+          probes: [rerun_the_step]
+          examples:
+            match: ['ValueError: flaky step']
+            no_match: ['ValueError: something else']
+    """)
+    script = write(tmp_path, "step.py", "raise ValueError('flaky step')\n")
+    expected = plain(script, cwd=tmp_path)
+    env = {k: v for k, v in _env().items() if k != "TRIAGE_DEBUG"}
+    result = triage("--rules", "rules", "step.py", cwd=tmp_path, env=env)
+    assert result.returncode == expected.returncode == 1
+    assert result.stderr.startswith(expected.stderr)
+    assert "triage: internal error while examining the failure: RuntimeError: the process died of SIGKILL" in result.stderr
+
+
 def test_the_parent_never_imports_torch() -> None:
     code = (
         "import sys; import triage.runner.supervisor, triage.runner.postmortem, triage.runner.pipeline, "
@@ -428,7 +462,8 @@ def test_worker_killed_by_sigkill(tmp_path: Path) -> None:
                 pass
     """)
     expected = plain(script, cwd=tmp_path)
-    result = triage("--report-dir", "out", "killed.py", cwd=tmp_path)
+    # Probes re-run the failing fetch; here that re-run would kill the process (see the safety-net test).
+    result = triage("--no-probes", "--report-dir", "out", "killed.py", cwd=tmp_path)
     assert result.returncode == expected.returncode == 1
     incident = report(tmp_path / "out")["incident"]
     # torch raises ConnectionResetError, "is killed by signal" or "exited unexpectedly", depending on what it

@@ -55,7 +55,9 @@ class Heartbeat:
         self.write()
 
     def set_phase(self, phase: int) -> None:
+        """A change of phase counts as a change: the parent's no-progress clock restarts."""
         self.beat.phase = phase
+        self.beat.seq += 1
         self.write()
 
     def on_progress(self, what: str, count: int) -> None:
@@ -159,8 +161,11 @@ class TorchImportWatcher:
 class TorchHooks:
     """DataLoader and optimizer hooks feeding `tracker`, the heartbeat and the worker map."""
 
-    def __init__(self, tracker, heartbeat: Heartbeat | None, channel: Channel | None, on_error: Callable[[BaseException], None]) -> None:
+    def __init__(self, tracker, heartbeat: Heartbeat | None, channel: Channel | None, on_error: Callable[[BaseException], None],
+                 feed_tracker: bool = True) -> None:
         self.tracker = tracker
+        # False when triage.wrapper.auto_track() already reports batches and steps (with its NaN/Inf checks).
+        self.feed_tracker = feed_tracker
         self.heartbeat = heartbeat
         self.channel = channel
         self.on_error = on_error
@@ -175,11 +180,12 @@ class TorchHooks:
 
         self._wrap_iteration(dataloader)
         tracker = self.tracker
+        if self.feed_tracker:
 
-        def step_finished(optimizer, args, kwargs) -> None:
-            tracker.on_step(optimizer)
+            def step_finished(optimizer, args, kwargs) -> None:
+                tracker.on_step(optimizer)
 
-        self._step_handle = register_optimizer_step_post_hook(step_finished)
+            self._step_handle = register_optimizer_step_post_hook(step_finished)
         self.installed = True
         if self.channel is not None:
             from ..capture.environment import torch_versions
@@ -196,6 +202,7 @@ class TorchHooks:
         heartbeat = self.heartbeat
         on_error = self.on_error
         hooks = self
+        feed = self.feed_tracker
 
         @functools.wraps(original_next)
         def __next__(self):
@@ -205,7 +212,10 @@ class TorchHooks:
                     beat = heartbeat.beat
                     beat.epoch_batches = self._num_yielded
                     beat.awaited_worker = _awaited_worker(self)
-                tracker.on_batch(batch, loaders.get(self))
+                    if not feed:
+                        heartbeat.write()
+                if feed:
+                    tracker.on_batch(batch, loaders.get(self))
             except Exception as exc:
                 on_error(exc)
             return batch
