@@ -133,7 +133,7 @@ class Session:
             started = time.monotonic()
             from ..capture.live import capture_exception
 
-            dead = self._dead_workers()
+            dead = self._dead_workers(patient=isinstance(exc, (ConnectionError, EOFError)))
             log_lines = list(self.warnings.lines) + self._worker_crash_lines() + [line for _, line in dead]
             live = capture_exception(exc, tb, tracker=TRACKER, thread_name=thread_name, exit_code=exit_code, log_lines=log_lines)
             if dead:
@@ -165,14 +165,26 @@ class Session:
         finally:
             self.set_phase(PHASE_RUNNING)
 
-    def _dead_workers(self) -> list[tuple[dict, str]]:
+    def _dead_workers(self, patient: bool = False) -> list[tuple[dict, str]]:
         """DataLoader workers that already died, and how (read without reaping them, as torch's own check does).
 
         A worker killed mid-batch often surfaces first as a ConnectionResetError
-        in the main process; torch's SIGCHLD check, which names the signal, may
-        not have run yet. The line is torch's wording for the same event.
+        in the main process, while the worker is still being torn down; torch's
+        SIGCHLD check, which names the signal, may not have run yet. `patient`
+        waits up to a fifth of a second for such a death. The line is torch's
+        wording for the same event.
         """
         workers = self.channel.read_json(WORKERS) or {}
+        for attempt in range(6 if patient and workers else 1):
+            found = self._dead_workers_now(workers)
+            if found:
+                return found
+            if attempt < 5:
+                time.sleep(0.04)
+        return []
+
+    @staticmethod
+    def _dead_workers_now(workers: dict) -> list[tuple[dict, str]]:
         found = []
         for pid_text, info in workers.items():
             try:
