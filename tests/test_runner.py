@@ -514,3 +514,28 @@ def test_dataloader_hang_is_diagnosed_and_killed(tmp_path: Path) -> None:
     for pid in pids:  # the child and its workers are gone
         assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
     assert 'line 13 in __getitem__' in (tmp_path / "out" / "stacks.txt").read_text()
+
+
+def test_nan_gradients_become_an_incident_and_training_goes_on(tmp_path: Path) -> None:
+    torch_needed("torch")
+    script = write(tmp_path, "saturate.py", """\
+        import torch
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(16, 4)
+        for step in range(6):
+            p = torch.sigmoid(model(x) + (100.0 if step == 3 else 0.0))  # saturates at step 3
+            loss = -torch.log(1 - p).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        print("finished at step", step)
+    """)
+    expected = plain(script, cwd=tmp_path)
+    result = triage("--report-dir", "out", "saturate.py", cwd=tmp_path)
+    assert result.returncode == expected.returncode == 0
+    assert result.stdout == expected.stdout == "finished at step 5\n"
+    incident = report(tmp_path / "out")["incident"]
+    assert incident["kind"] == "nan" and incident["facts"]["nan"]["step"] == 3
+    assert incident["facts"]["nan"]["nonfinite_gradients"] == ["weight", "bias"]
