@@ -171,3 +171,12 @@ def test_save_batch_skips_without_a_batch_or_a_folder(tmp_path):
     assert save_batch(ProbeContext(incident=Incident(), report_dir=tmp_path)).status == "skipped"
     with pytest.raises(ReplayError, match="no saved batch"):
         load_replay(tmp_path)
+
+
+def test_workers0_rerun_does_not_refetch_what_killed_a_worker():
+    """Fetching a SIGKILLed worker's samples again in this process could kill the report with it."""
+    loader = DataLoader(Big(), batch_size=2, num_workers=2)
+    incident = Incident(source="run", log_lines=["RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed."])
+    outcome = workers0_rerun(ProbeContext(incident=incident, loader=loader))
+    assert outcome.status == "skipped"
+    assert "killed by signal" in outcome.detail

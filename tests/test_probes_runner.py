@@ -154,10 +154,22 @@ def test_refuted_hypotheses_give_up_their_rank_and_confirmed_ones_move_up():
     untested = diagnosis("shape")
     untested.rule, untested.confidence = "shape.middle", 0.9
     confirmed = diagnosis("index", "confirm", "save_batch")
-    confirmed.rule, confirmed.confidence = "index.low", 0.6
+    confirmed.rule, confirmed.confidence = "index.low", 0.85
     ranked = [refuted, untested, confirmed]
     run_probes(ranked, _ctx())  # save_batch skips (no folder) and does not count either way
     assert [d.rule for d in ranked] == ["index.low", "shape.middle", "device.top"]
+
+
+def test_a_confirmation_does_not_overtake_a_much_stronger_hypothesis():
+    """A worker's exception that reproduces in the main process confirms the DataLoader rule, but the
+    plain-Python rule for the same exception stays ahead: the probe showed a fact both share."""
+    python_rule = diagnosis("python")
+    python_rule.rule, python_rule.confidence = "python.file-not-found", 0.65
+    worker_rule = diagnosis("dataloader", "confirm")
+    worker_rule.rule, worker_rule.confidence = "dataloader.worker-exception", 0.55
+    ranked = [python_rule, worker_rule]
+    run_probes(ranked, _ctx())
+    assert [d.rule for d in ranked] == ["python.file-not-found", "dataloader.worker-exception"]
 
 
 def test_mixed_verdicts_keep_the_matchers_order():

@@ -409,7 +409,7 @@ def test_lint_shows_the_line_a_caret_and_help(broken_rules, env):
         "  help: did you mean 'got'?",
     ]
     assert block_for(blocks, "rules/broken.yaml:30:13").endswith("help: did you mean 'shape'?")
-    assert "help: known probes:" in block_for(blocks, "rules/broken.yaml:34:12")
+    assert "help: did you mean 'shape_trace'?" in block_for(blocks, "rules/broken.yaml:34:12")
     assert "help: ids are unique within a rules folder" in block_for(blocks, "rules/dup.yaml:2:1")
 
 

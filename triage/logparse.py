@@ -79,6 +79,7 @@ _SIGNALS = {
 _NAN_LINE = re.compile(
     r"(?i)(?:loss|grad(?:ient)?s?(?:[ _]norm)?)['\"\]]?\s*[=:]?\s*[-+]?(?:nan|inf)\b"
     r"|\bnan\b[^\n]{0,30}\b(?:loss|detected|encountered)\b"
+    r"|non-finite (?:loss|gradients|model output) at step \d+"  # the wrapper's own report lines
 )
 # Words that make a line worth keeping from anywhere in a log; plain substring tests on the
 # lower-cased line, which are far cheaper than a case-insensitive alternation.

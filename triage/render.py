@@ -34,6 +34,9 @@ def _observation(report: Report) -> str:
         return "the loss or gradients became NaN/Inf"
     if exc is not None:
         return "a traceback cut off before its exception line"
+    matched_line = report.leading.values.get("log_match", "").strip() if report.leading else ""
+    if matched_line:
+        return matched_line
     return "no traceback or error line found"
 
 

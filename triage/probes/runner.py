@@ -62,10 +62,21 @@ def verdict(diagnosis: Diagnosis) -> str | None:
     return None
 
 
+# What a confirming experiment adds to a hypothesis's confidence. It is evidence, not a trump:
+# a probe often confirms a fact several hypotheses share (the worker's exception reproduces in
+# the main process), so a confirmed hypothesis overtakes only those close to it in confidence.
+CONFIRMED_BOOST = 0.1
+
+
 def rerank(diagnoses: list[Diagnosis]) -> None:
-    """Confirmed hypotheses first, refuted ones last; the matcher's order within each group."""
-    tier = {"confirmed": 0, None: 1, "refuted": 2}
-    diagnoses.sort(key=lambda d: tier[verdict(d)])
+    """Refuted hypotheses give up their rank; confirmed ones rank as if more confident; ties keep the matcher's order."""
+
+    def weight(diagnosis: Diagnosis) -> tuple[bool, float]:
+        outcome = verdict(diagnosis)
+        boost = CONFIRMED_BOOST if outcome == "confirmed" else 0.0
+        return outcome == "refuted", -round(min(0.99, diagnosis.confidence + boost), 6)
+
+    diagnoses.sort(key=weight)
 
 
 def run_probe(name: str, ctx: ProbeContext, limit_s: float) -> ProbeResult:

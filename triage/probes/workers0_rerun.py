@@ -77,10 +77,23 @@ def _source(loader: Any) -> Source | None:
                   int(getattr(loader, "prefetch_factor", None) or 2), getattr(loader, "worker_init_fn", None), iterable)
 
 
+# A worker killed by a signal may have been killed by what fetching its samples does (a native
+# crash, memory blown up, a dataset that kills its process): fetching them again in this process
+# could take the run's report down with it. A bus error from exhausted shared memory is not
+# caused by the sample, so that case is still fetched (to size the batches in flight).
+_KILLED_WORKER = re.compile(
+    r"killed by signal|exited unexpectedly|Segmentation fault|SIGSEGV|SIGKILL|ConnectionResetError|Connection reset by peer"
+)
+_SHARED_MEMORY_DEATH = re.compile(r"bus error|shared memory|shm", re.IGNORECASE)
+
+
 def workers0_rerun(ctx: ProbeContext) -> ProbeResult:
     source = _source(ctx.loader)
     if source is None:
         return result(NAME, "skipped", "no live DataLoader: use `triage.track(loader)` or run under `python -m triage`")
+    killed = _refetch_unsafe(ctx)
+    if killed:
+        return result(NAME, "skipped", f"a worker died ({killed}); fetching its samples in this process could kill it too")
     limit = max(min(ctx.time_limit_s - 0.5, SCAN_S), 0.5)
     block_s = min(10.0, max(limit / 3, 0.3))
     first_batch = (ctx.batch_index + 1) if ctx.batch_index is not None else 0
@@ -104,6 +117,15 @@ def workers0_rerun(ctx: ProbeContext) -> ProbeResult:
                 worker.join(1.0)
                 break
     return _verdict(ctx, source, scan, blocked_stack, block_s, first_batch)
+
+
+def _refetch_unsafe(ctx: ProbeContext) -> str | None:
+    incident = ctx.incident
+    text = "\n".join([e.message for e in incident.exceptions] + [e.type for e in incident.exceptions] + incident.log_lines)
+    if _SHARED_MEMORY_DEATH.search(text):
+        return None
+    killed = _KILLED_WORKER.search(text)
+    return killed.group(0) if killed else None
 
 
 def _fetch_all(source: Source, scan: Scan, first_batch: int) -> None:
