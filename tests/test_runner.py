@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,14 @@ def triage(*argv: str, cwd: Path, stdin: str | None = None, env: dict | None = N
         [sys.executable, "-m", "triage", *argv], cwd=cwd, capture_output=True, text=True,
         input=stdin, timeout=TIMEOUT, env=env or _env(),
     )  # fmt: skip
+
+
+def plain_and_triage(script: Path, triage_argv: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """Both at once (two cores): the scripts that import torch spend most of their time starting."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        expected = pool.submit(plain, script, cwd=cwd)
+        result = pool.submit(triage, *triage_argv, cwd=cwd)
+        return expected.result(), result.result()
 
 
 def write(folder: Path, name: str, source: str) -> Path:
@@ -426,8 +435,7 @@ def test_worker_exception_carries_worker_traceback(tmp_path: Path) -> None:
             for x, y in DataLoader(Records(), batch_size=4, num_workers=2):
                 pass
     """)
-    expected = plain(script, cwd=tmp_path)
-    result = triage("--report-dir", "out", "workers.py", cwd=tmp_path)
+    expected, result = plain_and_triage(script, ["--report-dir", "out", "workers.py"], tmp_path)
     assert result.returncode == expected.returncode == 1
     assert "Original Traceback" in result.stderr and "triage: KeyError: 'label'" in result.stderr
     incident = report(tmp_path / "out")["incident"]
@@ -461,9 +469,7 @@ def test_worker_killed_by_sigkill(tmp_path: Path) -> None:
             for batch in DataLoader(Images(), batch_size=4, num_workers=2):
                 pass
     """)
-    expected = plain(script, cwd=tmp_path)
-    # Probes re-run the failing fetch; here that re-run would kill the process (see the safety-net test).
-    result = triage("--no-probes", "--report-dir", "out", "killed.py", cwd=tmp_path)
+    expected, result = plain_and_triage(script, ["--report-dir", "out", "killed.py"], tmp_path)
     assert result.returncode == expected.returncode == 1
     incident = report(tmp_path / "out")["incident"]
     # torch raises ConnectionResetError, "is killed by signal" or "exited unexpectedly", depending on what it
@@ -532,8 +538,7 @@ def test_nan_gradients_become_an_incident_and_training_goes_on(tmp_path: Path) -
             optimizer.step()
         print("finished at step", step)
     """)
-    expected = plain(script, cwd=tmp_path)
-    result = triage("--report-dir", "out", "saturate.py", cwd=tmp_path)
+    expected, result = plain_and_triage(script, ["--report-dir", "out", "saturate.py"], tmp_path)
     assert result.returncode == expected.returncode == 0
     assert result.stdout == expected.stdout == "finished at step 5\n"
     incident = report(tmp_path / "out")["incident"]
