@@ -370,7 +370,11 @@ def test_spawned_workers_get_the_stack_dump_handler_through_worker_init(tmp_path
         signals.raise_signal(DUMP_SIGNAL)  # the handler writes where the parent reads
         assert "test_spawned_workers_get_the_stack_dump_handler" in (tmp_path / "stacks.txt").read_text()
     finally:
+        from triage.runner import hooks as runner_hooks
+
         faulthandler.unregister(DUMP_SIGNAL)
+        while runner_hooks._kept_files:
+            runner_hooks._kept_files.pop().close()
 
     def user_init(worker_id):
         return worker_id
