@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,14 @@ def triage(*argv: str, cwd: Path, stdin: str | None = None, env: dict | None = N
         [sys.executable, "-m", "triage", *argv], cwd=cwd, capture_output=True, text=True,
         input=stdin, timeout=TIMEOUT, env=env or _env(),
     )  # fmt: skip
+
+
+def plain_and_triage(script: Path, triage_argv: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """Both at once (two cores): the scripts that import torch spend most of their time starting."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        expected = pool.submit(plain, script, cwd=cwd)
+        result = pool.submit(triage, *triage_argv, cwd=cwd)
+        return expected.result(), result.result()
 
 
 def write(folder: Path, name: str, source: str) -> Path:
@@ -332,6 +341,75 @@ def test_json_copy_and_default_folder(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "copy" / "report.json").read_text()) == report(folders[0])
 
 
+def test_team_rules_and_rank(tmp_path: Path) -> None:
+    write(tmp_path, "rules/team.yaml", """\
+        - id: team.missing-shard
+          category: python
+          title: Shard {{ shard }} is missing from the data bucket
+          confidence: 0.95
+          match:
+            exception: FileNotFoundError
+            message: 'shard-(?P<shard>\\d+)\\.tar'
+          hypothesis: The nightly sync did not copy shard {{ shard }}.
+          fix: Re-run the sync job for shard {{ shard }}.
+          examples:
+            match: ["FileNotFoundError: [Errno 2] No such file or directory: 'shard-0042.tar'"]
+            no_match: ["FileNotFoundError: [Errno 2] No such file or directory: 'config.yaml'"]
+    """)
+    write(tmp_path, "load.py", "open('shard-0042.tar')\n")
+    result = triage("--rules", "rules", "--report-dir", "out", "load.py", cwd=tmp_path, env=_env(RANK="3"))
+    assert result.returncode == 1
+    assert "Shard 0042 is missing from the data bucket" in result.stderr
+    data = report(tmp_path / "out")
+    assert data["diagnoses"][0]["rule"] == "team.missing-shard" and data["incident"]["rank"] == 3
+    default = triage("load.py", cwd=tmp_path, env=_env(RANK="3"))
+    assert default.returncode == 1
+    assert [p.name.split("-", 2)[-1] for p in (tmp_path / "triage-reports").iterdir()] == ["load-rank3"]
+
+
+def test_a_probe_that_kills_the_process_does_not_change_the_exit_status(tmp_path: Path) -> None:
+    write(tmp_path, "rules/triage.yaml", """\
+        probes:
+          rerun_the_step: team_probes:rerun_the_step
+        python_path: [.]
+    """)
+    write(tmp_path, "rules/team_probes.py", """\
+        import os, signal
+
+        def rerun_the_step(ctx):  # re-runs user code that, this time, takes the whole process down
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    write(tmp_path, "rules/team.yaml", """\
+        - id: team.flaky-step
+          category: python
+          title: The step failed
+          confidence: 0.9
+          match: {exception: ValueError, message: 'flaky'}
+          hypothesis: The step is flaky.
+          fix: Retry it.
+          probes: [rerun_the_step]
+          examples:
+            match: ['ValueError: flaky step']
+            no_match: ['ValueError: something else']
+    """)
+    script = write(tmp_path, "step.py", "raise ValueError('flaky step')\n")
+    expected = plain(script, cwd=tmp_path)
+    env = {k: v for k, v in _env().items() if k != "TRIAGE_DEBUG"}
+    result = triage("--rules", "rules", "step.py", cwd=tmp_path, env=env)
+    assert result.returncode == expected.returncode == 1
+    assert result.stderr.startswith(expected.stderr)
+    assert "triage: internal error while examining the failure: RuntimeError: the process died of SIGKILL" in result.stderr
+
+
+def test_the_parent_never_imports_torch() -> None:
+    code = (
+        "import sys; import triage.runner.supervisor, triage.runner.postmortem, triage.runner.pipeline, "
+        "triage.capture.faultdump, triage.report_dir, triage.kb; print('torch' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=REPO)
+    assert result.stdout == "False\n", result.stderr
+
+
 # --- DataLoader workers and hangs: these need torch ------------------------------------------
 
 torch_needed = pytest.importorskip
@@ -357,8 +435,7 @@ def test_worker_exception_carries_worker_traceback(tmp_path: Path) -> None:
             for x, y in DataLoader(Records(), batch_size=4, num_workers=2):
                 pass
     """)
-    expected = plain(script, cwd=tmp_path)
-    result = triage("--report-dir", "out", "workers.py", cwd=tmp_path)
+    expected, result = plain_and_triage(script, ["--report-dir", "out", "workers.py"], tmp_path)
     assert result.returncode == expected.returncode == 1
     assert "Original Traceback" in result.stderr and "triage: KeyError: 'label'" in result.stderr
     incident = report(tmp_path / "out")["incident"]
@@ -392,8 +469,7 @@ def test_worker_killed_by_sigkill(tmp_path: Path) -> None:
             for batch in DataLoader(Images(), batch_size=4, num_workers=2):
                 pass
     """)
-    expected = plain(script, cwd=tmp_path)
-    result = triage("--report-dir", "out", "killed.py", cwd=tmp_path)
+    expected, result = plain_and_triage(script, ["--report-dir", "out", "killed.py"], tmp_path)
     assert result.returncode == expected.returncode == 1
     incident = report(tmp_path / "out")["incident"]
     # torch raises ConnectionResetError, "is killed by signal" or "exited unexpectedly", depending on what it
@@ -444,3 +520,27 @@ def test_dataloader_hang_is_diagnosed_and_killed(tmp_path: Path) -> None:
     for pid in pids:  # the child and its workers are gone
         assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
     assert 'line 13 in __getitem__' in (tmp_path / "out" / "stacks.txt").read_text()
+
+
+def test_nan_gradients_become_an_incident_and_training_goes_on(tmp_path: Path) -> None:
+    torch_needed("torch")
+    script = write(tmp_path, "saturate.py", """\
+        import torch
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(16, 4)
+        for step in range(6):
+            p = torch.sigmoid(model(x) + (100.0 if step == 3 else 0.0))  # saturates at step 3
+            loss = -torch.log(1 - p).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        print("finished at step", step)
+    """)
+    expected, result = plain_and_triage(script, ["--report-dir", "out", "saturate.py"], tmp_path)
+    assert result.returncode == expected.returncode == 0
+    assert result.stdout == expected.stdout == "finished at step 5\n"
+    incident = report(tmp_path / "out")["incident"]
+    assert incident["kind"] == "nan" and incident["facts"]["nan"]["step"] == 3
+    assert incident["facts"]["nan"]["nonfinite_gradients"] == ["weight", "bias"]

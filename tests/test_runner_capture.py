@@ -350,3 +350,40 @@ def test_live_state_in_markdown() -> None:
     text = live_state_markdown(Report(source="run", incident=incident, environment={"python": "3.11.7", "torch": "2.13.0"}))
     assert "**Progress:** batches 3, optimizer steps 2" in text and "- buffer pe of X is on cpu" in text
     assert "- python 3.11.7, torch 2.13.0" in text
+
+
+def test_spawned_workers_get_the_stack_dump_handler_through_worker_init(tmp_path: Path) -> None:
+    import functools
+    import os
+    import signal as signals
+
+    from triage.runner.channel import DUMP_SIGNAL, Channel, dump_ready_marker
+    from triage.runner.hooks import TorchHooks, _UNCHANGED, worker_started
+    from triage.tracking import Tracker
+
+    channel = Channel(str(tmp_path))
+    (tmp_path / "stacks.txt").write_text("")
+    seen = []
+    try:
+        worker_started(seen.append, str(tmp_path), 3)  # what a spawned worker runs first
+        assert seen == [3] and (tmp_path / dump_ready_marker(os.getpid())).exists()
+        signals.raise_signal(DUMP_SIGNAL)  # the handler writes where the parent reads
+        assert "test_spawned_workers_get_the_stack_dump_handler" in (tmp_path / "stacks.txt").read_text()
+    finally:
+        from triage.runner import hooks as runner_hooks
+
+        faulthandler.unregister(DUMP_SIGNAL)
+        while runner_hooks._kept_files:
+            runner_hooks._kept_files.pop().close()
+
+    def user_init(worker_id):
+        return worker_id
+
+    hooks = TorchHooks(Tracker(), None, channel, on_error=lambda exc: (_ for _ in ()).throw(exc))
+    dataset = torch.utils.data.TensorDataset(torch.zeros(4, 2))
+    spawned = torch.utils.data.DataLoader(dataset, num_workers=2, multiprocessing_context="spawn", worker_init_fn=user_init)
+    original = hooks._lend_worker_init(spawned)
+    assert original is user_init and isinstance(spawned.worker_init_fn, functools.partial)
+    assert spawned.worker_init_fn.func is worker_started and spawned.worker_init_fn.args == (user_init, str(tmp_path))
+    forked = torch.utils.data.DataLoader(dataset, num_workers=2, multiprocessing_context="fork")
+    assert hooks._lend_worker_init(forked) is _UNCHANGED and forked.worker_init_fn is None

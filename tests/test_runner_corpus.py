@@ -38,13 +38,13 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _run(name: str, spec: dict, folder: Path) -> dict:
+def _run(name: str, spec: dict, folder: Path, cwd: Path) -> dict:
     command = [sys.executable, "-m", "triage", *spec.get("options", []), "--report-dir", str(folder / "report"),
                str(SCRIPTS / name), *spec.get("args", [])]  # fmt: skip
-    result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=TIMEOUT, env=_env())
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT, env=_env())
     outcome = {"code": result.returncode, "stdout": result.stdout, "stderr": result.stderr}
     if os.environ.get("TRIAGE_CORPUS_PLAIN") and "options" not in spec:
-        plain = subprocess.run([sys.executable, str(SCRIPTS / name), *spec.get("args", [])], cwd=folder,
+        plain = subprocess.run([sys.executable, str(SCRIPTS / name), *spec.get("args", [])], cwd=cwd,
                                capture_output=True, text=True, timeout=TIMEOUT, env=_env())  # fmt: skip
         outcome["plain"] = {"code": plain.returncode, "stdout": plain.stdout, "stderr": plain.stderr}
     return outcome
@@ -54,11 +54,15 @@ def _run(name: str, spec: dict, folder: Path) -> dict:
 def outcomes(tmp_path_factory) -> dict[str, tuple[dict, Path]]:
     pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("corpus")
+    # One working folder for every run, with the reports elsewhere: the rule cache's key includes the working
+    # folder (and its modification time), so the runs after the first load the rules from the cache.
+    cwd = root / "cwd"
+    cwd.mkdir()
     folders = {name: root / name.removesuffix(".py") for name in EXPECTED}
     for folder in folders.values():
         folder.mkdir()
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(_run, name, spec, folders[name]) for name, spec in EXPECTED.items()}
+        futures = {name: pool.submit(_run, name, spec, folders[name], cwd) for name, spec in EXPECTED.items()}
         return {name: (future.result(), folders[name]) for name, future in futures.items()}
 
 
@@ -91,6 +95,8 @@ def test_script(outcomes, name: str) -> None:
     if spec.get("needs_rule"):
         pytest.skip(f"leading category checked once the {spec['needs_rule']} rules are merged")
     assert report["diagnoses"], f"no rule matched {name}"
+    if spec.get("known_issue") and report["diagnoses"][0]["category"] != spec["category"]:
+        pytest.xfail(spec["known_issue"])
     leading = report["diagnoses"][0]
     assert leading["category"] == spec["category"]
     if spec.get("rule"):

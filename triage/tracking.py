@@ -50,6 +50,8 @@ class Tracker:
 
     def on_iter(self, loader: Any = None) -> None:
         """Iteration over a DataLoader began (an epoch, or a validation pass): batches are now expected."""
+        if self.suspended:
+            return
         self.iterators += 1
         if loader is not None:
             self.loader = loader

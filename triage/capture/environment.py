@@ -84,6 +84,16 @@ def _torch_environment(torch, cuda_usable: bool) -> dict[str, Any]:
     return env
 
 
+def launcher_rank(environ: dict[str, str] | None = None) -> int | None:
+    """The process's rank when a launcher (torchrun, SLURM, mpirun) set one."""
+    environ = os.environ if environ is None else environ
+    for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        value = environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
 def relevant_env_vars(environ: dict[str, str] | None = None) -> dict[str, str]:
     environ = os.environ if environ is None else environ
     out = {}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 import linecache
-import os
 import re
 import sys
 import types
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..incident import ExceptionInfo, Frame, Incident, is_user_path
-from .environment import environment
+from .environment import environment, launcher_rank
 from .frames import user_traceback
 from .secrets import SCRUBBED, is_secret_name, scrub_text
 from .summarize import summarize, summarize_loader, summarize_module, summarize_optimizer
@@ -85,7 +84,7 @@ def capture_exception(
         info = ExceptionInfo(
             type=_type_name(type(member)),
             message=_message(member),
-            frames=_frames(traceback_of[id(member)]),
+            frames=_frames(traceback_of[id(member)]) + _syntax_error_frame(member),
             link=link,
         )
         pairs.append((member, info))
@@ -96,7 +95,7 @@ def capture_exception(
     root = candidates[0] if candidates else infos[-1]
 
     incident = Incident(kind="exception", source="run", exception=root, exceptions=infos, exit_code=exit_code)
-    incident.rank, incident.worker = root.rank, root.worker
+    incident.rank, incident.worker = (root.rank if root.rank is not None else launcher_rank()), root.worker
     incident.log_lines = [scrub_text(line) for line in (log_lines or [])]
     incident.environment = environment(cuda_usable=not poisoned)
     incident.facts["cuda_poisoned"] = poisoned
@@ -174,6 +173,14 @@ def _frames(tb: types.TracebackType | None) -> list[Frame]:
                   code=scrub_text(line) if line else None, user=is_user_path(filename))
         )  # fmt: skip
     return frames
+
+
+def _syntax_error_frame(exc: BaseException) -> list[Frame]:
+    """A SyntaxError's location is the line that did not compile, which no traceback frame shows."""
+    if not isinstance(exc, SyntaxError) or not exc.filename or not exc.lineno:
+        return []
+    code = (exc.text or "").strip() or None
+    return [Frame(file=exc.filename, line=exc.lineno, function="<module>", code=code, user=is_user_path(exc.filename))]
 
 
 def _unwrap_worker(outer: ExceptionInfo) -> list[ExceptionInfo]:
@@ -358,15 +365,16 @@ def _add_facts(live: LiveCapture, tracker) -> None:
         if device_outliers:
             facts["device_outliers"] = device_outliers
     if live.module is not None:
-        facts["module"] = {
-            "class": type(live.module).__name__,
-            "name": live.module_name,
-            "inputs": [summarize(arg, cuda_usable=cuda_usable)["text"] for arg in live.module_args[:4]],
-        }
+        inputs = [summarize(arg, cuda_usable=cuda_usable)["text"] for arg in live.module_args[:4]]
+        facts["module"] = {"class": type(live.module).__name__, "name": live.module_name, "inputs": inputs}
         if live.module is not live.model:
             outliers = summarize_module(live.module).get("outliers")
             if outliers:
                 facts["module"]["outliers"] = outliers
+        name = f"{live.module_name} ({type(live.module).__name__})" if live.module_name else type(live.module).__name__
+        live.incident.notes.append(f"the failing layer is {name}" + (f", called with {', '.join(inputs)}" if inputs else ""))
+    for outlier in facts.get("device_outliers", [])[:3]:
+        live.incident.notes.append(outlier)
     if live.loader is not None:
         facts["loader"] = summarize_loader(live.loader)
     if live.optimizer is not None:

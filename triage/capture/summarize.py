@@ -219,10 +219,11 @@ def summarize_module(module) -> dict[str, Any]:
     outliers = _outliers(entries, devices, 3, "on") + _outliers(entries, dtypes, 4, "of dtype")
     if outliers:
         out["outliers"] = outliers[:MAX_OUTLIERS]
-    where = "/".join(devices) or "no parameters"
-    kinds = "/".join(dtypes)
-    out["text"] = _clip(f"{type(module).__name__} ({_count(params)} params, {where}{', ' + kinds if kinds else ''})"
-                        + (f"; {outliers[0]}" if outliers else ""), 300)
+    if entries:
+        inside = f"{_count(params)} params, {'/'.join(devices)}, {'/'.join(dtypes)}"
+    else:
+        inside = "no parameters"
+    out["text"] = _clip(f"{type(module).__name__} ({inside})" + (f"; {outliers[0]}" if outliers else ""), 300)
     return out
 
 

@@ -97,6 +97,11 @@ class Beat:
         return state
 
 
+def dump_ready_marker(pid: int) -> str:
+    """A file whose presence says process `pid` registered the stack-dump handler (spawned workers)."""
+    return f"dump-ready-{pid}"
+
+
 def _private_folder() -> str:
     """A new folder only this user can read, in the temporary directory (tempfile's rules, without its imports)."""
     base = next((os.environ[name] for name in ("TMPDIR", "TEMP", "TMP") if os.environ.get(name)), "/tmp")

@@ -20,7 +20,7 @@ import types
 from typing import Any, NoReturn
 
 from ..tracking import TRACKER
-from .channel import CRASH_DUMP, DUMP_SIGNAL, PHASE_EXITING, PHASE_TRIAGING, STACK_DUMP, STATUS, WORKERS, Channel
+from .channel import CRASH_DUMP, DUMP_SIGNAL, PHASE_EXITING, PHASE_RUNNING, PHASE_TRIAGING, STACK_DUMP, STATUS, WORKERS, Channel
 from .cli import interpreter_argv
 from .hooks import Heartbeat, TorchHooks, TorchImportWatcher, WarningRecorder
 
@@ -41,6 +41,7 @@ class Session:
         self._said: set[str] = set()
         self._files: list = []
         self.handled: str | None = None
+        self.exit_code: int | None = None
 
     def start(self) -> None:
         self.heartbeat = Heartbeat(self.channel)
@@ -76,10 +77,40 @@ class Session:
                 pass
 
     def _torch_imported(self) -> None:
+        """Right after the script's `import torch`: replay, the wrapper's tracking and NaN checks, the runner's hooks."""
+        replay = self.config.get("replay")
+        if replay:
+            self._start_replay(replay)
+        feed_tracker = True
         try:
-            TorchHooks(TRACKER, self.heartbeat, self.channel, lambda exc: self.internal_error(exc, "tracking progress")).install()
+            from .. import wrapper
+
+            wrapper.capture_owner = "runner"  # watch() leaves the crash path to the runner
+            wrapper.incident_handler = self.report_incident  # NaN/Inf incidents get the runner's report folder
+            wrapper.auto_track(TRACKER)  # batches and steps into the Tracker, gradients checked for NaN/Inf
+            feed_tracker = False
+        except Exception as exc:
+            self.internal_error(exc, "starting the NaN/Inf checks")
+        try:
+            on_error = lambda exc: self.internal_error(exc, "tracking progress")  # noqa: E731
+            TorchHooks(TRACKER, self.heartbeat, self.channel, on_error, feed_tracker=feed_tracker).install()
         except Exception as exc:
             self.internal_error(exc, "installing the progress hooks")
+
+    def _start_replay(self, path: str) -> None:
+        try:
+            from ..replay import ReplayError, feed_first, load_replay
+
+            try:
+                replay = load_replay(path)
+            except ReplayError as exc:
+                sys.stderr.write(f"triage: cannot replay: {exc}\n")
+                return
+            feed_first(replay)
+            where = f"batch {replay.batch_index}" if replay.batch_index is not None else "the saved batch"
+            sys.stderr.write(f"triage: replaying {where} from {replay.path} as the first batch\n")
+        except Exception as exc:
+            self.internal_error(exc, "starting the replay")
 
     def _install_thread_hook(self) -> None:
         previous = threading.excepthook
@@ -102,14 +133,13 @@ class Session:
             started = time.monotonic()
             from ..capture.live import capture_exception
 
-            dead = self._dead_workers()
+            dead = self._dead_workers(patient=isinstance(exc, (ConnectionError, EOFError)))
             log_lines = list(self.warnings.lines) + self._worker_crash_lines() + [line for _, line in dead]
             live = capture_exception(exc, tb, tracker=TRACKER, thread_name=thread_name, exit_code=exit_code, log_lines=log_lines)
             if dead:
                 live.incident.facts["dead_workers"] = [info for info, _ in dead]
             timings = {"capture_s": time.monotonic() - started}
-            self.reporter.handle(live.incident, live=live, timings=timings)
-            timings["total_s"] = time.monotonic() - started
+            self.reporter.handle(live.incident, live=live, exception=exc, tracker=TRACKER, timings=timings)
             self.handled = "exception"
             self.write_status()
         except KeyboardInterrupt:
@@ -117,14 +147,44 @@ class Session:
         except Exception as error:
             self.internal_error(error, "triaging the exception")
 
-    def _dead_workers(self) -> list[tuple[dict, str]]:
+    def report_incident(self, incident, tracker) -> None:
+        """An incident with no exception (NaN/Inf from the wrapper's checks): report it, and training goes on."""
+        if os.getpid() != self.pid:
+            return
+        self.set_phase(PHASE_TRIAGING)
+        try:
+            started = time.monotonic()
+            from ..capture.environment import environment, launcher_rank
+
+            incident.environment = incident.environment or environment()
+            incident.rank = incident.rank if incident.rank is not None else launcher_rank()
+            self.reporter.handle(incident, tracker=tracker, timings={"capture_s": time.monotonic() - started})
+            self.write_status()
+        except Exception as error:
+            self.internal_error(error, "triaging the non-finite values")
+        finally:
+            self.set_phase(PHASE_RUNNING)
+
+    def _dead_workers(self, patient: bool = False) -> list[tuple[dict, str]]:
         """DataLoader workers that already died, and how (read without reaping them, as torch's own check does).
 
         A worker killed mid-batch often surfaces first as a ConnectionResetError
-        in the main process; torch's SIGCHLD check, which names the signal, may
-        not have run yet. The line is torch's wording for the same event.
+        in the main process, while the worker is still being torn down; torch's
+        SIGCHLD check, which names the signal, may not have run yet. `patient`
+        waits up to a fifth of a second for such a death. The line is torch's
+        wording for the same event.
         """
         workers = self.channel.read_json(WORKERS) or {}
+        for attempt in range(6 if patient and workers else 1):
+            found = self._dead_workers_now(workers)
+            if found:
+                return found
+            if attempt < 5:
+                time.sleep(0.04)
+        return []
+
+    @staticmethod
+    def _dead_workers_now(workers: dict) -> list[tuple[dict, str]]:
         found = []
         for pid_text, info in workers.items():
             try:
@@ -153,10 +213,15 @@ class Session:
         text = self.channel.read_text(CRASH_DUMP, limit=64 * 1024)
         return [line for line in text.splitlines() if line.strip()][:200]
 
+    def promise_exit(self, code: int) -> None:
+        """The script has ended with `code`: should triage's own work kill the process, the parent exits with it."""
+        self.exit_code = code
+        self.write_status()
+
     def write_status(self) -> None:
         try:
             reports = self._reporter.folders if self._reporter is not None else []
-            self.channel.write_json(STATUS, {"handled": self.handled, "reports": reports})
+            self.channel.write_json(STATUS, {"handled": self.handled, "reports": reports, "exit_code": self.exit_code})
         except OSError:
             pass
 
@@ -349,6 +414,8 @@ def _hide_runner_frames(exc: BaseException):
 
 
 def _exit_failed(exc: BaseException, session: Session | None) -> NoReturn:
+    if session is not None:
+        session.promise_exit(1)
     try:
         tb = _hide_runner_frames(exc)
     except BaseException:

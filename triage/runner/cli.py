@@ -26,10 +26,13 @@ options:
   --json FILE             also write the JSON report to FILE
   --no-probes             do not run confirmation experiments
   --hang-timeout SECONDS  no progress (batches, optimizer steps) for this long is a hang
-                          (default 300; 0 turns hang detection off)
+                          (default 300; 0 turns it off); make it longer than the longest
+                          stretch without either (evaluation without a DataLoader, saving)
   --on-hang report|kill   after a hang report keep the run going (default) or stop it
                           (the exit status is then 124, as with timeout(1))
   --rules PATH            extra rule file or folder (repeatable)
+  --replay REPORT_DIR     feed the batch a failed run saved (REPORT_DIR/batch.pt) to the script
+                          first, with the random states of that moment: the failure comes at once
   -m MODULE               run a module, as `python -m MODULE`
   -h, --help              show this help"""
 
@@ -47,6 +50,7 @@ class RunOptions:
     hang_timeout: float = DEFAULT_HANG_TIMEOUT
     on_hang: str = "report"
     rules: list[str] = field(default_factory=list)
+    replay: str | None = None
 
     @property
     def label(self) -> str:
@@ -57,7 +61,7 @@ class RunOptions:
         return name[:-3] if name.endswith(".py") else name
 
 
-_WITH_VALUE = {"--report-dir", "--json", "--hang-timeout", "--on-hang", "--rules"}
+_WITH_VALUE = {"--report-dir", "--json", "--hang-timeout", "--on-hang", "--rules", "--replay"}
 
 
 def parse(argv: list[str]) -> RunOptions | None:
@@ -119,6 +123,11 @@ def parse(argv: list[str]) -> RunOptions | None:
             raise UsageError(f"--hang-timeout takes seconds, not {timeout!r}") from None
         if options.hang_timeout < 0:
             raise UsageError("--hang-timeout cannot be negative")
+    options.replay = _last(values, "--replay")
+    if options.replay is not None:
+        saved = options.replay if os.path.isfile(options.replay) else os.path.join(options.replay, "batch.pt")
+        if not os.path.isfile(saved):
+            raise UsageError(f"--replay: {saved} does not exist (a failed run's report folder has it when the save_batch probe ran)")
     on_hang = _last(values, "--on-hang")
     if on_hang is not None:
         if on_hang not in ON_HANG:

@@ -20,7 +20,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable
 
-from .channel import ENVIRONMENT, HEARTBEAT, HEARTBEAT_SIZE, PHASE_RUNNING, WORKERS, Beat, Channel
+from .channel import DUMP_SIGNAL, ENVIRONMENT, HEARTBEAT, HEARTBEAT_SIZE, PHASE_RUNNING, STACK_DUMP, WORKERS, Beat, Channel, dump_ready_marker
 
 SAMPLE_SECONDS = 0.25
 MAX_WARNINGS = 20
@@ -55,7 +55,9 @@ class Heartbeat:
         self.write()
 
     def set_phase(self, phase: int) -> None:
+        """A change of phase counts as a change: the parent's no-progress clock restarts."""
         self.beat.phase = phase
+        self.beat.seq += 1
         self.write()
 
     def on_progress(self, what: str, count: int) -> None:
@@ -159,8 +161,11 @@ class TorchImportWatcher:
 class TorchHooks:
     """DataLoader and optimizer hooks feeding `tracker`, the heartbeat and the worker map."""
 
-    def __init__(self, tracker, heartbeat: Heartbeat | None, channel: Channel | None, on_error: Callable[[BaseException], None]) -> None:
+    def __init__(self, tracker, heartbeat: Heartbeat | None, channel: Channel | None, on_error: Callable[[BaseException], None],
+                 feed_tracker: bool = True) -> None:
         self.tracker = tracker
+        # False when triage.wrapper.auto_track() already reports batches and steps (with its NaN/Inf checks).
+        self.feed_tracker = feed_tracker
         self.heartbeat = heartbeat
         self.channel = channel
         self.on_error = on_error
@@ -175,11 +180,12 @@ class TorchHooks:
 
         self._wrap_iteration(dataloader)
         tracker = self.tracker
+        if self.feed_tracker:
 
-        def step_finished(optimizer, args, kwargs) -> None:
-            tracker.on_step(optimizer)
+            def step_finished(optimizer, args, kwargs) -> None:
+                tracker.on_step(optimizer)
 
-        self._step_handle = register_optimizer_step_post_hook(step_finished)
+            self._step_handle = register_optimizer_step_post_hook(step_finished)
         self.installed = True
         if self.channel is not None:
             from ..capture.environment import torch_versions
@@ -196,6 +202,7 @@ class TorchHooks:
         heartbeat = self.heartbeat
         on_error = self.on_error
         hooks = self
+        feed = self.feed_tracker
 
         @functools.wraps(original_next)
         def __next__(self):
@@ -205,14 +212,22 @@ class TorchHooks:
                     beat = heartbeat.beat
                     beat.epoch_batches = self._num_yielded
                     beat.awaited_worker = _awaited_worker(self)
-                tracker.on_batch(batch, loaders.get(self))
+                    if not feed:
+                        heartbeat.write()
+                if feed:
+                    tracker.on_batch(batch, loaders.get(self))
             except Exception as exc:
                 on_error(exc)
             return batch
 
         @functools.wraps(original_iter)
         def __iter__(self):
-            iterator = original_iter(self)
+            swapped = hooks._lend_worker_init(self)
+            try:
+                iterator = original_iter(self)
+            finally:
+                if swapped is not _UNCHANGED:
+                    self.worker_init_fn = swapped
             try:
                 loaders[iterator] = self
                 if heartbeat is not None:
@@ -226,6 +241,24 @@ class TorchHooks:
 
         base.__next__ = __next__
         loader_class.__iter__ = __iter__
+
+    def _lend_worker_init(self, loader):
+        """For spawn/forkserver workers, which inherit nothing: install the stack-dump handler through worker_init_fn.
+
+        The loader's worker_init_fn is swapped only while the iterator starts
+        its workers (it reads the attribute once), then put back.
+        """
+        try:
+            if self.channel is None or not getattr(loader, "num_workers", 0) or _start_method(loader) == "fork":
+                return _UNCHANGED
+            if not _importable_from_workers():
+                return _UNCHANGED  # unpickling our wrapper in the worker would fail: better no stacks than no worker
+            original = loader.worker_init_fn
+            loader.worker_init_fn = functools.partial(worker_started, original, self.channel.path)
+            return original
+        except Exception as exc:
+            self.on_error(exc)
+            return _UNCHANGED
 
     def _record_workers(self, iterator) -> None:
         """Worker pid -> worker id, so the parent can name the worker whose stack it reads."""
@@ -242,6 +275,44 @@ class TorchHooks:
             while len(self._workers) > MAX_WORKER_ENTRIES:
                 self._workers.pop(next(iter(self._workers)))
             self.channel.write_json(WORKERS, self._workers)
+
+
+_UNCHANGED = object()
+_kept_files: list = []
+
+
+def worker_started(user_init, channel_path: str, worker_id: int) -> None:
+    """worker_init_fn of a spawn/forkserver DataLoader worker: register the stack dump, then the user's own init."""
+    try:
+        import faulthandler
+
+        handle = open(os.path.join(channel_path, STACK_DUMP), "a", encoding="utf-8")
+        _kept_files.append(handle)
+        faulthandler.register(DUMP_SIGNAL, file=handle, all_threads=True, chain=False)
+        open(os.path.join(channel_path, dump_ready_marker(os.getpid())), "w").close()
+    except Exception:
+        pass  # no stack for this worker on a hang; the worker itself runs as it would have
+    if user_init is not None:
+        user_init(worker_id)
+
+
+def _start_method(loader) -> str:
+    context = getattr(loader, "multiprocessing_context", None)
+    if context is not None:
+        return context.get_start_method() if hasattr(context, "get_start_method") else str(context)
+    import multiprocessing
+
+    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+
+
+@functools.lru_cache(maxsize=1)
+def _importable_from_workers() -> bool:
+    """A spawned worker gets this process's sys.path: can it import this very triage package from there?"""
+    from importlib.machinery import PathFinder
+
+    spec = PathFinder.find_spec("triage", sys.path)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return bool(spec and spec.origin) and os.path.dirname(os.path.abspath(spec.origin)) == here
 
 
 def _awaited_worker(iterator) -> int:

@@ -27,7 +27,8 @@ class Reporter:
         if self._kb is None:
             from ..kb import load_knowledge_base
 
-            self._kb = load_knowledge_base([Path(p) for p in self.config.get("rules") or []])
+            cwd = self.config.get("cwd")  # where the command ran: the script may have changed directory since
+            self._kb = load_knowledge_base([Path(p) for p in self.config.get("rules") or []], cwd=Path(cwd) if cwd else None)
         return self._kb
 
     def handle(
@@ -35,6 +36,8 @@ class Reporter:
         incident: Incident,
         *,
         live: Any = None,
+        exception: BaseException | None = None,
+        tracker: Any = None,
         stream: IO[str] | None = None,
         texts: dict[str, str] | None = None,
         lead_in: str | None = None,
@@ -47,6 +50,7 @@ class Reporter:
         timings = dict(timings or {})
         started = time.monotonic()
         kb = self.knowledge_base()
+        timings["rules_s"] = time.monotonic() - started  # loading and validating the rules, unless cached
         warnings = [f"rule skipped: {problem}" for problem in kb.problems]
         diagnoses = diagnose(incident, kb, warnings)
         if diagnoses and diagnoses[0].exception_index is not None:
@@ -63,9 +67,9 @@ class Reporter:
             label=self.config.get("label") or "script",
             run_id=self.config.get("run_id") or str(os.getpid()),
         )
-        if live is not None and self.config.get("probes", True):
+        if (live is not None or tracker is not None) and self.config.get("probes", True):
             started = time.monotonic()
-            self._run_probes(report, live, folder)
+            self._run_probes(report, folder, live, exception, tracker)
             timings["probes_s"] = time.monotonic() - started
         started = time.monotonic()
         write_report(
@@ -88,32 +92,22 @@ class Reporter:
             "python": sys.executable,
         }
 
-    def _run_probes(self, report: Report, live: Any, folder: Path) -> None:
+    def _run_probes(self, report: Report, folder: Path, live: Any, exception: BaseException | None, tracker: Any) -> None:
+        """The probes the diagnoses name, on the live objects; they re-rank the diagnoses in place."""
         if importlib.util.find_spec(PROBE_RUNNER) is None:
-            return  # the probes land in another change; until then the report has none
-        from ..probes.context import ProbeContext
-        from ..probes.runner import run_probes  # type: ignore[import-not-found]
+            return
+        from ..probes import runner as probe_runner
 
-        context = ProbeContext(
-            incident=report.incident,
-            report_dir=folder,
-            exception=live.exception,
-            model=live.model,
-            module=live.module,
-            module_name=live.module_name,
-            module_args=live.module_args,
-            module_kwargs=live.module_kwargs,
-            batch=live.batch,
-            batch_index=live.batch_index,
-            step=live.step,
-            loader=live.loader,
-            optimizer=live.optimizer,
-            loss_fn=live.loss_fn,
-            script=self.config.get("target"),
-            script_args=list(self.config.get("args") or []),
-        )
+        script, args = self.config.get("target"), list(self.config.get("args") or [])
+        if hasattr(probe_runner, "context_from_failure"):
+            # The probes' own reading of the failing calls (model and loss arguments as called) and the Tracker.
+            context = probe_runner.context_from_failure(
+                report.incident, exception, folder, tracker=tracker, script=script, script_args=args,
+            )  # fmt: skip
+        else:
+            context = self._context_from_capture(report, folder, live, script, args)
         try:
-            ranked = run_probes(report.diagnoses, context)
+            ranked = probe_runner.run_probes(report.diagnoses, context)
         except Exception as exc:
             if os.environ.get("TRIAGE_DEBUG"):
                 raise
@@ -121,6 +115,20 @@ class Reporter:
             return
         if isinstance(ranked, list):
             report.diagnoses = ranked
+
+    @staticmethod
+    def _context_from_capture(report: Report, folder: Path, live: Any, script: str | None, args: list[str]):
+        from ..probes.context import ProbeContext
+
+        return ProbeContext(
+            incident=report.incident, report_dir=folder, exception=getattr(live, "exception", None),
+            model=getattr(live, "model", None), module=getattr(live, "module", None),
+            module_name=getattr(live, "module_name", None), module_args=getattr(live, "module_args", ()),
+            module_kwargs=getattr(live, "module_kwargs", {}), batch=getattr(live, "batch", None),
+            batch_index=getattr(live, "batch_index", None), step=getattr(live, "step", None),
+            loader=getattr(live, "loader", None), optimizer=getattr(live, "optimizer", None),
+            loss_fn=getattr(live, "loss_fn", None), script=script, script_args=args,
+        )  # fmt: skip
 
     def print_summary(self, report: Report, folder: Path, stream: IO[str], lead_in: str | None) -> None:
         from ..render import to_terminal
@@ -138,7 +146,9 @@ class Reporter:
 
 
 def _shown(path: Path) -> str:
+    """Relative to the working directory when inside it, else absolute."""
     try:
-        return os.path.relpath(path)
+        relative = os.path.relpath(path)
     except ValueError:
         return str(path)
+    return str(path) if relative.startswith("..") else relative

@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..capture.environment import relevant_env_vars
+from ..capture.environment import launcher_rank, relevant_env_vars
 from ..capture.faultdump import Dump, format_stack, parse_dumps, without_hidden_frames
 from ..incident import ExceptionInfo, Frame, Incident
-from .channel import CRASH_DUMP, DUMP_SIGNAL, ENVIRONMENT, STACK_DUMP, WORKERS, Beat, Channel
+from .channel import CRASH_DUMP, DUMP_SIGNAL, ENVIRONMENT, STACK_DUMP, WORKERS, Beat, Channel, dump_ready_marker
 
 DUMP_WAIT_S = 2.0
 DUMP_QUIET_S = 0.1
@@ -133,8 +133,9 @@ def collect_stacks(channel: Channel, child_pid: int) -> list[ProcessStacks]:
             stacks.skipped = "already exited"
             continue
         stacks.state = state[0]
-        if pid != child_pid and _cmdline(pid) != own:
-            stacks.skipped = "started by exec (spawn/forkserver or another program), so it has no stack-dump handler"
+        forked = _cmdline(pid) == own  # a fork without exec inherited the handler
+        if pid != child_pid and not forked and not os.path.exists(channel.file(dump_ready_marker(pid))):
+            stacks.skipped = "started by exec (spawn/forkserver or another program) without the stack-dump handler"
             continue
         stacks.raw = _dump_one(channel, pid)
         dumps = parse_dumps(stacks.raw)
@@ -182,14 +183,15 @@ def hang_incident(channel: Channel, processes: list[ProcessStacks], beat: Beat, 
     other_threads += _other_threads(main, beat)
     for process in processes[1:]:
         if process.dump is None:
-            summary.append(f"{process.label}: stack not read ({process.skipped})")
+            if process.role == "worker":  # other helper processes (a resource tracker) would only add noise
+                summary.append(f"{process.label}: stack not read ({process.skipped})")
             continue
         frames = _main_thread(process, beat)
         line = f"{process.label} {_describe(frames, process.state)}"
         summary.append(line)
         exceptions.append(ExceptionInfo(type="Hang", message=line, frames=frames, worker=process.worker))
         other_threads += _other_threads(process, beat)
-    incident = Incident(kind="hang", source="run", exception=exceptions[0], exceptions=exceptions)
+    incident = Incident(kind="hang", source="run", exception=exceptions[0], exceptions=exceptions, rank=launcher_rank())
     incident.log_lines = list(summary)
     incident.facts = {
         "hang_summary": summary,
@@ -337,7 +339,7 @@ def crash_incident(channel: Channel, signum: int, oom_before: int | None, oom_af
     dumps = [dump for dump in parse_dumps(raw) if dump.fatal]
     # SIGKILL leaves no dump; any there came from DataLoader workers earlier.
     dump = dumps[-1] if dumps and signum != signal.SIGKILL else None
-    incident = Incident(kind="hard-crash", source="run", signal=name, exit_code=128 + signum)
+    incident = Incident(kind="hard-crash", source="run", signal=name, exit_code=128 + signum, rank=launcher_rank())
     texts: dict[str, str] = {}
     if dump is not None:
         crashed = dump.crashed_thread()

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import NoReturn
 
-from .channel import STATUS, Beat, Channel
+from .channel import PHASE_TRIAGING, STATUS, Beat, Channel
 from .cli import RunOptions, interpreter_argv
 
 SI_KERNEL = 0x80  # si_code of a signal the kernel generated (the terminal's Ctrl-C, Ctrl-\, hangup)
@@ -31,7 +31,7 @@ KILL_GRACE_S = 3.0
 
 
 class Supervisor:
-    """Runs one script under triage and returns (or dies with) its exit status."""
+    """Runs one script under triage and ends this process with the script's exit status (or its signal)."""
 
     def __init__(self, options: RunOptions) -> None:
         self.options = options
@@ -54,25 +54,36 @@ class Supervisor:
             "args": list(options.args),
             "report_dir": os.path.abspath(options.report_dir) if options.report_dir else None,
             "report_root": os.path.join(cwd, "triage-reports"),
-            "label": options.label,
+            "label": options.label + (f"-rank{rank}" if (rank := os.environ.get("RANK", "")).isdigit() else ""),
             "run_id": f"{os.getpid()}-{time.time_ns()}",
             "json": os.path.abspath(options.json) if options.json else None,
             "probes": options.probes,
             "rules": [os.path.abspath(path) for path in options.rules],
             "cwd": cwd,
             "hang_timeout": options.hang_timeout,
+            "replay": os.path.abspath(options.replay) if options.replay else None,
         }
 
     def run(self) -> NoReturn:
-        config = self.config()
-        self.channel = Channel.create()
+        try:
+            config = self.config()
+            self.channel = Channel.create()
+        except Exception as exc:  # no temporary folder, no triage: the script still runs
+            _internal_error(exc, "preparing the run")
+            _exec_plain_python(self.options)
         watched = {signal.SIGCHLD} | {sig for sig in FORWARDED_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
         previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
         self._oom_before = oom_kill_count()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         parent = os.getpid()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # out of processes or memory for a second one
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+            self.channel.remove()
+            _internal_error(exc, "starting the child")
+            _exec_plain_python(self.options)
         if pid == 0:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
             _die_with_parent(parent)
@@ -87,7 +98,7 @@ class Supervisor:
             status = _wait(pid)
         code = os.waitstatus_to_exitcode(status)
         try:
-            self._after_exit(code)
+            code = self._after_exit(code)
         except Exception as exc:
             _internal_error(exc, "reporting how the script died")
         finally:
@@ -173,13 +184,21 @@ class Supervisor:
         lead += "".join(f"\n  - {line}" for line in incident.facts.get("hang_summary", []))
         self.reporter().handle(incident, texts=texts, lead_in=lead, timings={"capture_s": time.monotonic() - started})
 
-    def _after_exit(self, code: int) -> None:
+    def _after_exit(self, code: int) -> int:
+        """Report a death by signal; returns the exit status to end with."""
         if code >= 0 or self.hang_killed:
-            return
+            return code
         signum = -code
         status = self.channel.read_json(STATUS) or {}
+        promised = status.get("exit_code")
+        if isinstance(promised, int) and self.channel.read_beat().phase == PHASE_TRIAGING:
+            # The script had already ended with its exception; triage's own work (a probe re-running the
+            # failing code) killed the process. The script's status stands.
+            _internal_error(RuntimeError(f"the process died of {signal.Signals(signum).name} while triage examined "
+                                         "the failure (a probe re-ran code that killed it)"), "examining the failure")
+            return promised
         if signum not in CRASH_SIGNALS or status.get("handled") == "interrupt":
-            return
+            return code
         from .postmortem import crash_incident
 
         started = time.monotonic()
@@ -188,6 +207,7 @@ class Supervisor:
         if dump:
             sys.stderr.write(dump + "\n")
         self.reporter().handle(incident, texts=texts, timings={"capture_s": time.monotonic() - started})
+        return code
 
 
 def _die_with_parent(parent: int) -> None:
