@@ -19,7 +19,12 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "corpus" / "scripts"
-EXPECTED: dict = yaml.safe_load((SCRIPTS / "expected.yaml").read_text())
+# Every script by its path under corpus/scripts/, from the expected.yaml beside it.
+EXPECTED: dict = {
+    (listing.parent / name).relative_to(SCRIPTS).as_posix(): spec
+    for listing in sorted(SCRIPTS.rglob("expected.yaml"))
+    for name, spec in (yaml.safe_load(listing.read_text()) or {}).items()
+}
 TIMEOUT = 120
 
 
@@ -54,22 +59,21 @@ def _run(name: str, spec: dict, folder: Path, cwd: Path) -> dict:
 def outcomes(tmp_path_factory) -> dict[str, tuple[dict, Path]]:
     pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("corpus")
-    # One working folder for every run, with the reports elsewhere: the rule cache's key includes the working
-    # folder (and its modification time), so the runs after the first load the rules from the cache.
-    cwd = root / "cwd"
-    cwd.mkdir()
+    # Each script runs from its own folder, as a user would run it (and as `triage eval` does); the reports go
+    # elsewhere so the corpus stays clean.
     folders = {name: root / name.removesuffix(".py") for name in EXPECTED}
     for folder in folders.values():
-        folder.mkdir()
+        folder.mkdir(parents=True)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(_run, name, spec, folders[name], cwd) for name, spec in EXPECTED.items()}
+        futures = {name: pool.submit(_run, name, spec, folders[name], (SCRIPTS / name).parent)
+                   for name, spec in EXPECTED.items()}
         return {name: (future.result(), folders[name]) for name, future in futures.items()}
 
 
 def test_every_script_is_listed() -> None:
-    scripts = {path.name for path in SCRIPTS.glob("*.py")}
+    scripts = {path.relative_to(SCRIPTS).as_posix() for path in SCRIPTS.rglob("*.py")}
     assert scripts == set(EXPECTED), "corpus/scripts/*.py and expected.yaml disagree"
-    assert len([s for s in EXPECTED.values() if s.get("category")]) >= 10
+    assert len([s for s in EXPECTED.values() if s.get("category")]) >= 60
     for name, spec in EXPECTED.items():
         assert "exit_code" in spec and "category" in spec, name
         assert spec.get("rule") is None or spec.get("needs_rule") is None, f"{name}: rule and needs_rule both set"
@@ -101,6 +105,8 @@ def test_script(outcomes, name: str) -> None:
     assert leading["category"] == spec["category"]
     if spec.get("rule"):
         assert leading["rule"] == spec["rule"]
-    text = " ".join([leading["title"], leading["hypothesis"], leading["fix"], *leading["evidence"]])
+    # What the diagnosis states, as `triage eval` reads it: its texts and its experiments' results.
+    text = " ".join([leading["title"], leading["hypothesis"], leading["fix"], *leading["evidence"],
+                     *(probe["detail"] for probe in leading["probes"])])
     for fact in spec.get("facts", []):
         assert fact in text, f"{fact!r} not in the leading diagnosis of {name}"

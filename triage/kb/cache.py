@@ -60,7 +60,10 @@ def _key(files: list[Path], salt: str) -> str | None:
     # its site folder's modification time instead, so those times stand in for the scan.
     probes = sorted(PROBES) + sorted(registered_probes())
     digest = hashlib.sha256(f"{__version__}\0{salt}\0{probes}\0{Path.cwd()}".encode())
+    digest.update(f"{sys.path}\0".encode())  # a folder added to the path may bring entry points
     for folder in sys.path:
+        if "-packages" not in folder:
+            continue  # the script's own folder changes whenever it writes a checkpoint; only package folders count
         try:
             digest.update(f"{folder}\0{os.stat(folder or '.').st_mtime_ns}\0".encode())
         except OSError:

@@ -99,13 +99,15 @@ class Reporter:
         from ..probes import runner as probe_runner
 
         script, args = self.config.get("target"), list(self.config.get("args") or [])
-        if hasattr(probe_runner, "context_from_failure"):
-            # The probes' own reading of the failing calls (model and loss arguments as called) and the Tracker.
-            context = probe_runner.context_from_failure(
-                report.incident, exception, folder, tracker=tracker, script=script, script_args=args,
-            )  # fmt: skip
-        else:
-            context = self._context_from_capture(report, folder, live, script, args)
+        # The probes' own reading of the failing calls (model and loss arguments as called) and the Tracker...
+        context = probe_runner.context_from_failure(
+            report.incident, exception, folder, tracker=tracker, script=script, script_args=args,
+        )  # fmt: skip
+        # ...and what only the capture saw: a failure before the first optimizer step (in the first
+        # backward, say) leaves the Tracker without a model, but the script's locals have it.
+        for name in _CAPTURED_FOR_PROBES:
+            if getattr(context, name) is None and getattr(live, name, None) is not None:
+                setattr(context, name, getattr(live, name))
         try:
             ranked = probe_runner.run_probes(report.diagnoses, context)
         except Exception as exc:
@@ -115,20 +117,6 @@ class Reporter:
             return
         if isinstance(ranked, list):
             report.diagnoses = ranked
-
-    @staticmethod
-    def _context_from_capture(report: Report, folder: Path, live: Any, script: str | None, args: list[str]):
-        from ..probes.context import ProbeContext
-
-        return ProbeContext(
-            incident=report.incident, report_dir=folder, exception=getattr(live, "exception", None),
-            model=getattr(live, "model", None), module=getattr(live, "module", None),
-            module_name=getattr(live, "module_name", None), module_args=getattr(live, "module_args", ()),
-            module_kwargs=getattr(live, "module_kwargs", {}), batch=getattr(live, "batch", None),
-            batch_index=getattr(live, "batch_index", None), step=getattr(live, "step", None),
-            loader=getattr(live, "loader", None), optimizer=getattr(live, "optimizer", None),
-            loss_fn=getattr(live, "loss_fn", None), script=script, script_args=args,
-        )  # fmt: skip
 
     def print_summary(self, report: Report, folder: Path, stream: IO[str], lead_in: str | None) -> None:
         from ..render import to_terminal
@@ -143,6 +131,9 @@ class Reporter:
         to_terminal(report, stream)
         stream.write(f"triage: report written to {_shown(folder / 'report.md')}\n")
         stream.flush()
+
+
+_CAPTURED_FOR_PROBES = ("model", "module", "optimizer", "loader", "loss_fn", "batch", "batch_index", "step")
 
 
 def _shown(path: Path) -> str:
