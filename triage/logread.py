@@ -19,7 +19,7 @@ SMALL_LOG_BYTES = 8 * 1024 * 1024
 CHUNK_BYTES = 8 * 1024 * 1024
 WINDOW_BEFORE = 64 * 1024
 WINDOW_AFTER = 256 * 1024
-TAIL_BYTES = 1024 * 1024
+TAIL_BYTES = 256 * 1024  # end-of-log summaries and bare error lines; tracebacks have their own windows
 HITS_PER_ANCHOR = 8  # the first and the last this many, per anchor
 
 # What a failure looks like from far away; windows are kept around these. Each anchor costs
