@@ -76,7 +76,6 @@ def test_every_script_is_listed() -> None:
     assert len([s for s in EXPECTED.values() if s.get("category")]) >= 60
     for name, spec in EXPECTED.items():
         assert "exit_code" in spec and "category" in spec, name
-        assert spec.get("rule") is None or spec.get("needs_rule") is None, f"{name}: rule and needs_rule both set"
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -96,8 +95,6 @@ def test_script(outcomes, name: str) -> None:
     report = json.loads(report_json.read_text())
     assert report["schema"] == "triage.report/1" and report["source"] == "run"
     assert "triage: report written to" in outcome["stderr"]
-    if spec.get("needs_rule"):
-        pytest.skip(f"leading category checked once the {spec['needs_rule']} rules are merged")
     assert report["diagnoses"], f"no rule matched {name}"
     if spec.get("known_issue") and report["diagnoses"][0]["category"] != spec["category"]:
         pytest.xfail(spec["known_issue"])

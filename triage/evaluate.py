@@ -77,7 +77,7 @@ def default_corpus() -> Path:
     return Path(__file__).resolve().parent.parent / "corpus"
 
 
-def load_cases(root: Path, kind: str) -> list[tuple[Path, dict[str, Any]]]:
+def load_cases(root: Path) -> list[tuple[Path, dict[str, Any]]]:
     """Every (file, expectation) under `root` from its folders' expected.yaml files."""
     cases = []
     for expected_file in sorted(root.rglob("expected.yaml")):
@@ -88,10 +88,7 @@ def load_cases(root: Path, kind: str) -> list[tuple[Path, dict[str, Any]]]:
         if not isinstance(entries, dict):
             raise UsageError(f"{expected_file}: expected a mapping of file name to expectation")
         for name, expectation in entries.items():
-            expectation = expectation or {}
-            if kind == "script" and expectation.get("needs_rule") == "skip":
-                continue
-            cases.append((expected_file.parent / name, expectation))
+            cases.append((expected_file.parent / name, expectation or {}))
     return cases
 
 
@@ -100,7 +97,7 @@ def evaluate_logs(root: Path, kb) -> list[CaseResult]:
     from .logread import LogReadError
 
     results = []
-    for path, expectation in load_cases(root, "log"):
+    for path, expectation in load_cases(root):
         result = _new_result(path, "log", expectation)
         started = time.perf_counter()
         try:
@@ -114,7 +111,7 @@ def evaluate_logs(root: Path, kb) -> list[CaseResult]:
 
 
 def evaluate_scripts(root: Path, jobs: int = 2) -> list[CaseResult]:
-    cases = load_cases(root, "script")
+    cases = load_cases(root)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return list(pool.map(lambda case: _run_script(*case), cases))
 
