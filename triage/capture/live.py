@@ -5,7 +5,7 @@ frames hidden), a DataLoader worker's own traceback unwrapped from the message,
 bounded summaries of user-frame locals, and facts about the model, the
 failing module, the loader, the optimizer and the last batch. The live
 references (module and its call arguments, model, batch) go beside it in a
-LiveCapture, never into the Incident.
+ProbeContext, never into the Incident.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import linecache
 import re
 import sys
 import types
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..incident import ExceptionInfo, Frame, Incident, is_user_path
+from ..probes.context import ProbeContext
 from .environment import environment, launcher_rank
 from .frames import user_traceback
 from .secrets import SCRUBBED, is_secret_name, scrub_text
@@ -43,25 +43,6 @@ CUDA_POISON = re.compile(
 _LOCAL_PRIORITY = ("Tensor", "Parameter", "module", "optimizer", "dataloader", "ndarray")
 
 
-@dataclass
-class LiveCapture:
-    """An Incident plus the live objects around the failure (what a ProbeContext is built from)."""
-
-    incident: Incident
-    exception: BaseException | None = None
-    model: Any = None
-    module: Any = None
-    module_name: str | None = None
-    module_args: tuple = ()
-    module_kwargs: dict[str, Any] = field(default_factory=dict)
-    batch: Any = None
-    batch_index: int | None = None
-    step: int | None = None
-    loader: Any = None
-    optimizer: Any = None
-    loss_fn: Any = None
-
-
 def cuda_poisoned(messages: list[str]) -> bool:
     return any(CUDA_POISON.search(message or "") for message in messages)
 
@@ -74,7 +55,7 @@ def capture_exception(
     thread_name: str | None = None,
     exit_code: int | None = 1,
     log_lines: list[str] | None = None,
-) -> LiveCapture:
+) -> ProbeContext:
     """Everything worth keeping about a live exception. `tb` is the traceback to show (default: trimmed)."""
     chain = exception_chain(exc)
     traceback_of = {id(e): (tb if e is exc and tb is not None else user_traceback(e.__traceback__)) for e, _ in chain}
@@ -103,7 +84,7 @@ def capture_exception(
         incident.facts["thread"] = thread_name
         incident.notes.append(f"raised in thread {thread_name!r}; the main thread carried on")
 
-    live = LiveCapture(incident=incident, exception=exc)
+    live = ProbeContext(incident=incident, exception=exc)
     # Innermost-last live frames: the root cause's (when it has live frames), then the raised exception's.
     frames = [entry.tb_frame for entry in _entries(traceback_of[id(exc)])]
     root_member = next((member for member, info in pairs if info is root), None)
@@ -262,7 +243,7 @@ def _kind(value: Any) -> str | None:
     return None
 
 
-def _find_live_objects(live: LiveCapture, frames: list[types.FrameType], tracker) -> None:
+def _find_live_objects(live: ProbeContext, frames: list[types.FrameType], tracker) -> None:
     """The failing module and its arguments, the model, loader and optimizer, from the tracker or the stack."""
     torch = sys.modules.get("torch")
     if tracker is not None:
@@ -353,7 +334,7 @@ def _module_name(model, module) -> str | None:
     return None
 
 
-def _add_facts(live: LiveCapture, tracker) -> None:
+def _add_facts(live: ProbeContext, tracker) -> None:
     facts = live.incident.facts
     if tracker is not None and (tracker.batches_seen or tracker.steps):
         facts["progress"] = {"batches": tracker.batches_seen, "optimizer_steps": tracker.steps, "batch_index": tracker.batch_index}
