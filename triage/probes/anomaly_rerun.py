@@ -221,13 +221,7 @@ def _verdict(ctx: ProbeContext, step: Step, seen: Observed) -> ProbeResult:
         version = _VERSION_ERROR.search(message)
         forward = _forward_line(seen.anomaly_trace)
         if nan:
-            parts = []
-            if seen.nonfinite_params:
-                parts.append(f"parameters already non-finite before the step: {', '.join(seen.nonfinite_params[:5])}")
-            if seen.first_op:
-                parts.append(f"first non-finite value in the forward pass: {seen.first_op}")
-            if seen.first_module:
-                parts.append(f"first module with a non-finite output: {seen.first_module}")
+            parts = _nonfinite_findings(seen, with_gradients=False)
             parts.append(f"in backward, {nan['fn']} returned nan in its output {nan['index']}"
                          + (f" (forward line {forward})" if forward else f" (in the {_stage_of(nan['fn'])})"))
             facts.update(backward_function=nan["fn"], forward_line=forward)
@@ -243,16 +237,8 @@ def _verdict(ctx: ProbeContext, step: Step, seen: Observed) -> ProbeResult:
         where_ = f" (forward line {forward})" if forward else ""
         return result(NAME, "confirmed" if same else "inconclusive",
                       f"the replay raises {exception_line(error)} in the {seen.stage}{where_}{weights}", **facts)
-    if seen.nonfinite_params or seen.first_op or seen.first_module or seen.nonfinite_grads:
-        parts = []
-        if seen.nonfinite_params:
-            parts.append(f"parameters already non-finite before the step: {', '.join(seen.nonfinite_params[:5])}")
-        if seen.first_op:
-            parts.append(f"first non-finite value: {seen.first_op}")
-        if seen.first_module:
-            parts.append(f"first module with a non-finite output: {seen.first_module}")
-        if seen.nonfinite_grads:
-            parts.append(f"non-finite gradients in {', '.join(seen.nonfinite_grads[:5])}")
+    parts = _nonfinite_findings(seen, with_gradients=True)
+    if parts:
         status = "confirmed" if category in (None, "nan") else "inconclusive"
         return result(NAME, status, "; ".join(parts) + weights, **facts)
     loss = f"loss {seen.loss_value:.4g}" if seen.loss_value is not None else "the output"
@@ -281,3 +267,17 @@ def _inplace_detail(version: re.Match, log: OpLog | None, forward: str) -> str:
     made = f" (made by {made_by}" + (f" at {made_at})" if made_at else ")")
     return (f"the in-place {name} at {site or 'an unknown line'} modified the output of {version['producer']}"
             f"{made}; {needed}. Use the out-of-place form (e.g. `x = x + 1`, inplace=False) or .clone() first")
+
+
+def _nonfinite_findings(seen, with_gradients: bool) -> list[str]:
+    """What the replay saw go non-finite, earliest first."""
+    parts = []
+    if seen.nonfinite_params:
+        parts.append(f"parameters already non-finite before the step: {', '.join(seen.nonfinite_params[:5])}")
+    if seen.first_op:
+        parts.append(f"first non-finite value in the forward pass: {seen.first_op}")
+    if seen.first_module:
+        parts.append(f"first module with a non-finite output: {seen.first_module}")
+    if with_gradients and seen.nonfinite_grads:
+        parts.append(f"non-finite gradients in {', '.join(seen.nonfinite_grads[:5])}")
+    return parts
