@@ -55,26 +55,24 @@ def read_log(path: str | None) -> LogText:
     if path in (None, "-"):
         return _read_stream(_stdin_binary(), "<stdin>")
     try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        raise LogReadError(f"{path}: no such file") from None
-    except PermissionError:
-        raise LogReadError(f"{path}: permission denied") from None
-    except OSError as exc:
-        raise LogReadError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise LogReadError(f"{path}: is a directory; give a log file, or '-' for standard input")
-    try:
         with open(path, "rb") as handle:
+            info = os.fstat(handle.fileno())
             if stat.S_ISREG(info.st_mode):
                 return _read_seekable(handle, info.st_size, path)
-            return _read_stream(handle, path)
-    except PermissionError:
-        raise LogReadError(f"{path}: permission denied") from None
-    except IsADirectoryError:
-        raise LogReadError(f"{path}: is a directory; give a log file, or '-' for standard input") from None
+            return _read_stream(handle, path)  # a pipe or a device
     except OSError as exc:
-        raise LogReadError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise LogReadError(_unreadable(path, exc)) from None
+
+
+def _unreadable(path: str, exc: OSError) -> str:
+    """The one line that says why a log could not be read."""
+    if isinstance(exc, FileNotFoundError):
+        return f"{path}: no such file"
+    if isinstance(exc, IsADirectoryError):
+        return f"{path}: is a directory; give a log file, or '-' for standard input"
+    if isinstance(exc, PermissionError):
+        return f"{path}: permission denied"
+    return f"{path}: cannot read ({exc.strerror or exc})"
 
 
 def _stdin_binary() -> BinaryIO:
