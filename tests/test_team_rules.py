@@ -438,14 +438,14 @@ def test_a_scaffold_fails_lint_until_every_placeholder_is_filled(tmp_path, env):
     assert f"{target.relative_to(project)}:3" in done.stdout
     code, blocks = lint_output(target.parent, env)
     assert code == 1
-    assert len(blocks) == 8 and all("placeholder from `triage rules new` not filled in" in b for b in blocks)
+    assert len(blocks) == 9 and all("placeholder from `triage rules new` not filled in" in b for b in blocks)
     assert blocks[0].startswith("rules/team.yaml:4:14:")  # the category: 'team' is no category
 
     # Explain skips the unfinished rule with warnings; the rest of the knowledge base still works.
     (project / "view.log").write_text(VIEW_LOG)
     explained = triage("explain", "view.log", "--format", "json", cwd=project, env=env)
     assert json.loads(explained.stdout)["diagnoses"][0]["rule"] == "shape.view-invalid"
-    assert explained.stderr.count("placeholder from `triage rules new`") == 8
+    assert explained.stderr.count("placeholder from `triage rules new`") == 9
 
     target.write_text(FLASH_ATTN_RULE)
     code, blocks = lint_output(target.parent, env)

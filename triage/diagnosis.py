@@ -42,6 +42,7 @@ class Diagnosis:
     hypothesis: str
     fix: str
     confirm: str = ""
+    verify: str = ""
     evidence: list[str] = field(default_factory=list)
     probe_names: list[str] = field(default_factory=list)
     probes: list[ProbeResult] = field(default_factory=list)
@@ -60,6 +61,7 @@ class Diagnosis:
             "evidence": self.evidence,
             "fix": self.fix,
             "confirm": self.confirm,
+            "verify": self.verify,
             "probes": [p.to_dict() for p in self.probes],
             "values": {k: v for k, v in self.values.items() if isinstance(v, (str, int, float, bool))},
             "rule_location": self.rule_location,
@@ -76,6 +78,8 @@ class Report:
     environment: dict[str, Any] = field(default_factory=dict)
     artifacts: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # How to re-run the failed script to check a fix: {"command": ..., "replay": ... or None}; None for a log.
+    rerun: dict[str, str | None] | None = None
 
     @property
     def leading(self) -> Diagnosis | None:
@@ -91,5 +95,6 @@ class Report:
             "diagnoses": [d.to_dict() for d in self.diagnoses],
             "environment": environment,
             "artifacts": self.artifacts,
+            "rerun": self.rerun,
             "warnings": self.warnings,
         }

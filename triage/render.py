@@ -67,6 +67,10 @@ def to_markdown(report: Report) -> str:
         if diagnosis.confirm:
             lines += [f"**Confirm.** {diagnosis.confirm}", ""]
         lines += [f"**Fix.** {diagnosis.fix}", ""]
+        if diagnosis.verify:
+            lines += [f"**Verify the fix.** {diagnosis.verify}", ""]
+            for command, note in _rerun_lines(report.rerun) if rank == 1 else ():  # the same commands for all
+                lines += [f"```\n{command}\n```", f"{note[0].upper()}{note[1:]}.", ""]
     for note in report.incident.notes + report.warnings:
         lines.append(f"> {note}")
     return "\n".join(lines).rstrip() + "\n"
@@ -85,7 +89,7 @@ def terminal_lines(report: Report) -> list[Line]:
         lines += [[("", "")], [("No rule in the knowledge base matched this failure.", "")]]
         lines.append([("Run with --format json for the parsed incident; add a team rule with `triage rules new`.", "")])
     else:
-        lines += _diagnosis_lines(report.diagnoses[0])
+        lines += _diagnosis_lines(report.diagnoses[0], report.rerun)
         others = report.diagnoses[1 : 1 + MAX_ALTERNATIVES]
         if others:
             lines += [[("", "")], [("Other possibilities", "bold")]]
@@ -96,7 +100,19 @@ def terminal_lines(report: Report) -> list[Line]:
     return lines
 
 
-def _diagnosis_lines(diagnosis: Diagnosis) -> list[Line]:
+def _rerun_lines(rerun: dict[str, str | None] | None) -> list[tuple[str, str]]:
+    """The commands that check a fix, each with what it checks."""
+    if not rerun or not rerun.get("command"):
+        return []
+    if not rerun.get("replay"):
+        return [(rerun["command"], "re-runs the whole script")]
+    return [
+        (rerun["replay"], "feeds the failing batch first: checks a fix to the model or the step at once"),
+        (rerun["command"], "the whole run: checks a fix to the data, which the saved batch predates"),
+    ]
+
+
+def _diagnosis_lines(diagnosis: Diagnosis, rerun: dict[str, str | None] | None) -> list[Line]:
     lines: list[Line] = [[("", "")]]
     lines.append([("● ", "bold red"), (diagnosis.title, "bold"),
                   (f"  {diagnosis.category} · {diagnosis.rule} · {diagnosis.confidence:.0%}", "dim")])
@@ -110,6 +126,10 @@ def _diagnosis_lines(diagnosis: Diagnosis) -> list[Line]:
     if diagnosis.confirm:
         lines += [[("", "")], [("  Confirm  ", "bold"), (diagnosis.confirm, "")]]
     lines += [[("", "")], [("  Fix  ", "bold"), (diagnosis.fix, "")]]
+    if diagnosis.verify:
+        lines += [[("", "")], [("  Verify  ", "bold"), (diagnosis.verify, "")]]
+        for command, note in _rerun_lines(rerun):
+            lines += [[("    $ ", "dim"), (command, "bold")], [(f"      {note}", "dim")]]
     return lines
 
 

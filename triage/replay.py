@@ -9,7 +9,9 @@ failure, so dropout and augmentation draw what they drew then.
 
 from __future__ import annotations
 
+import os
 import random
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,3 +94,37 @@ def feed_first(replay: Replay) -> Callable[[], None]:
             _BaseDataLoaderIter.__next__ = original
 
     return undo
+
+
+def rerun_commands(
+    target: str | None,
+    args: list[str],
+    *,
+    module: bool = False,
+    report_dir: str | os.PathLike | None = None,
+    cwd: str | None = None,
+) -> dict[str, str | None] | None:
+    """The commands that re-run a failed script under triage, to check a fix.
+
+    `command` re-runs the whole script: it checks any fix, one to the data included.
+    `replay` (when the folder holds the failing batch) feeds that batch first, so a
+    fix to the model or the training step is checked at the first step; it cannot
+    check a fix to the data, which the saved batch predates. Paths are shown from
+    `cwd` (where the run was started) and secret-named options are scrubbed, since
+    the commands go into the report. None when there is no script to name (an
+    interactive session, `python -c`).
+    """
+    from .capture.secrets import scrub_argv
+    from .report_dir import shown_path
+
+    cwd = cwd or os.getcwd()
+    if not target or target in ("-c", "-"):
+        return None
+    if not module and not os.path.isfile(os.path.join(cwd, target)):
+        return None
+    script = ["-m", target] if module else [shown_path(Path(cwd, target), cwd)]
+    script += scrub_argv(list(args))
+    replay = None
+    if report_dir is not None and (Path(cwd, report_dir) / "batch.pt").is_file():
+        replay = shlex.join(["python", "-m", "triage", "--replay", shown_path(Path(cwd, report_dir), cwd), *script])
+    return {"command": shlex.join(["python", "-m", "triage", *script]), "replay": replay}

@@ -171,3 +171,12 @@ def _state_item(key: str, value) -> str:
 
 def _gib(value) -> str:
     return f"{value / 2**30:.1f} GiB" if isinstance(value, (int, float)) else "?"
+
+
+def shown_path(path: Path, start: str | None = None) -> str:
+    """Relative to `start` (the working directory) when inside it, else absolute: the shortest path that works there."""
+    try:
+        relative = os.path.relpath(path, start)
+    except ValueError:
+        return str(path)
+    return str(path) if relative.startswith("..") else relative

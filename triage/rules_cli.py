@@ -119,7 +119,8 @@ def _show(args: argparse.Namespace) -> int:
             print(f"overrides {override.replaced.location}  [{override.replaced.origin}]")
     if disabled is not None:
         print(f"DISABLED by {disabled.at}  [{disabled.origin}]")
-    for heading, text in (("What", rule.title), ("Why", rule.hypothesis), ("Confirm", rule.confirm), ("Fix", rule.fix)):
+    for heading, text in (("What", rule.title), ("Why", rule.hypothesis), ("Confirm", rule.confirm), ("Fix", rule.fix),
+                          ("Verify", rule.verify)):
         if text:
             print(f"\n{heading}\n  " + text.strip().replace("\n", "\n  "))
     print("\nMatches")

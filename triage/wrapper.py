@@ -81,7 +81,7 @@ def diagnose_live(incident: Any, exception: BaseException | None, tracker: Track
         ctx = context_from_failure(incident, exception, report_dir, tracker=tracker)
         run_probes(diagnoses, ctx)
     report = Report(source="run", incident=incident, diagnoses=diagnoses, environment=_environment(),
-                    warnings=warnings)
+                    warnings=warnings, rerun=_rerun_commands(report_dir))
     try:
         report_dir.mkdir(parents=True, exist_ok=True)
         (report_dir / "report.json").write_text(render.to_json(report), encoding="utf-8")
@@ -94,6 +94,19 @@ def diagnose_live(incident: Any, exception: BaseException | None, tracker: Track
         report.warnings.append(f"could not write the report folder {report_dir}: {exc}")
     render.to_terminal(report, _settings.stream or sys.stderr)
     return report
+
+
+def _rerun_commands(report_dir: Path) -> str | None:
+    """How to re-run this script under triage; None in a notebook or `python -c`, which have no script to name."""
+    from .replay import rerun_commands
+
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and getattr(spec, "name", None) not in (None, "__main__"):
+        return rerun_commands(spec.name, sys.argv[1:], module=True, report_dir=report_dir)
+    if getattr(main, "__file__", None) is None:
+        return None
+    return rerun_commands(sys.argv[0], sys.argv[1:], report_dir=report_dir)
 
 
 def _environment() -> dict[str, Any]:

@@ -174,6 +174,7 @@ def _diagnosis(
         hypothesis=rendered["hypothesis"],
         fix=rendered["fix"],
         confirm=rendered.get("confirm", ""),
+        verify=rendered.get("verify") or _default_verify(incident, exc, frame),
         evidence=evidence,
         probe_names=list(rule.probes),
         values=values,
@@ -222,6 +223,23 @@ def _evidence(incident: Incident, exc: ExceptionInfo | None, frame: Frame | None
     if incident.signal:
         evidence.append(f"process died of {incident.signal}" + (f" (exit code {incident.exit_code})" if incident.exit_code is not None else ""))
     return evidence
+
+
+def _default_verify(incident: Incident, exc: ExceptionInfo | None, frame: Frame | None) -> str:
+    """What a fix must change, for a rule that does not say: the failure this incident shows is gone."""
+    if exc is not None and exc.type:
+        where = f" at {frame.where}" if frame else ""
+        return f"Re-run after the fix: the run should get past the step that failed{where} without {exc.type}."
+    if incident.kind == "hang":
+        return "Re-run after the fix: the run should keep making progress where it hung."
+    if incident.kind == "nan":
+        nan = incident.facts.get("nan") if isinstance(incident.facts, dict) else None
+        step = nan.get("step") if isinstance(nan, dict) else None
+        past = f" past step {step}" if step is not None else ""
+        return f"Re-run after the fix: the loss and gradients should stay finite{past}."
+    if incident.signal:
+        return f"Re-run after the fix: the process should no longer die of {incident.signal}."
+    return "Re-run after the fix: the error this report shows should not appear again."
 
 
 def _clip(text: str) -> str:

@@ -30,6 +30,7 @@ RULE_KEYS = {
     "hypothesis": "why it happened (a template)",
     "confirm": "how to confirm it (a template)",
     "fix": "what to change (a template)",
+    "verify": "how to check the fix worked: what to run and what should change (a template)",
     "evidence": "extra evidence lines (templates)",
     "probes": "names of probes that test the hypothesis",
     "references": "links to docs or issues",
@@ -88,6 +89,7 @@ class Rule:
     hypothesis: str
     fix: str
     confirm: str = ""
+    verify: str = ""
     confidence: float = DEFAULT_CONFIDENCE
     exception_types: tuple[str, ...] = ()
     messages: list[SafePattern] = field(default_factory=list)
@@ -127,6 +129,8 @@ class Rule:
         out = {"title": self.title, "hypothesis": self.hypothesis, "fix": self.fix}
         if self.confirm:
             out["confirm"] = self.confirm
+        if self.verify:
+            out["verify"] = self.verify
         out.update((f"evidence[{n}]", text) for n, text in enumerate(self.evidence))
         return out
 
@@ -266,6 +270,7 @@ class _Builder:
             hypothesis=self.text(data, "hypothesis", required=True),
             fix=self.text(data, "fix", required=True),
             confirm=self.text(data, "confirm", required=False),
+            verify=self.text(data, "verify", required=False),
             path=self.path, line=data.position.line,
         )  # fmt: skip
         confidence = data.get("confidence", DEFAULT_CONFIDENCE)

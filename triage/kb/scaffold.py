@@ -43,6 +43,8 @@ SKELETON = """\
     {mark} how the user confirms it, e.g. what to print and what it will show>>
   fix: >
     {mark} what to change, concretely>>
+  verify: >
+    {mark} how to check the fix worked: what to re-run and what should change>>
   examples:
     match:
       - |

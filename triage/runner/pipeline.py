@@ -45,6 +45,7 @@ class Reporter:
     ) -> Path:
         """Diagnose, run probes (live incidents), write the folder, print the summary; returns the folder."""
         from ..kb import diagnose
+        from ..replay import rerun_commands
         from ..report_dir import claim_folder, write_report
 
         timings = dict(timings or {})
@@ -71,6 +72,9 @@ class Reporter:
             started = time.monotonic()
             self._run_probes(report, folder, live, exception, tracker)
             timings["probes_s"] = time.monotonic() - started
+        report.rerun = rerun_commands(self.config.get("target"), list(self.config.get("args") or []),
+                                     module=bool(self.config.get("module")), report_dir=folder,
+                                     cwd=self.config.get("cwd"))
         started = time.monotonic()
         write_report(
             report, folder, run=self.run_info(), timings=timings, texts=texts, json_copy=self.config.get("json"),
@@ -120,6 +124,7 @@ class Reporter:
 
     def print_summary(self, report: Report, folder: Path, stream: IO[str], lead_in: str | None) -> None:
         from ..render import to_terminal
+        from ..report_dir import shown_path
 
         try:
             stream.flush()
@@ -129,17 +134,9 @@ class Reporter:
         if lead_in:
             stream.write(lead_in.rstrip("\n") + "\n")
         to_terminal(report, stream)
-        stream.write(f"triage: report written to {_shown(folder / 'report.md')}\n")
+        stream.write(f"triage: report written to {shown_path(folder / 'report.md')}\n")
         stream.flush()
 
 
 _CAPTURED_FOR_PROBES = ("model", "module", "optimizer", "loader", "loss_fn", "batch", "batch_index", "step")
 
-
-def _shown(path: Path) -> str:
-    """Relative to the working directory when inside it, else absolute."""
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:
-        return str(path)
-    return str(path) if relative.startswith("..") else relative
