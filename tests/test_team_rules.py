@@ -578,3 +578,16 @@ def test_explain_and_rules_never_import_torch(project, env):
     assert done.returncode == 0, done.stderr
     assert "codes [0, 0, 0, 0, 0, 0, 0]" in done.stdout
     assert "torch imported: []" in done.stdout
+
+
+def test_the_guide_s_example_rule_lints_clean_and_renders_its_verify(tmp_path):
+    guide = (REPO / "docs" / "team-rules.md").read_text()
+    example = guide[guide.index("# .triage/rules/team.yaml") :]
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "team.yaml").write_text(example[: example.index("```")])
+    kb = load_knowledge_base([rules])
+    assert not kb.problems, kb.problems
+    lead = diagnose(parse_text(FLASH_ATTN_LOG), kb, [])[0]
+    assert lead.rule == "team.flash-attn-fp32"
+    assert lead.verify.startswith("Re-run the eval: the forward pass gets past forward,")

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 import triage
 from _probe_fixtures import ConvNet, raised
-from triage import wrapper
+from triage import tracking, wrapper
 from triage.tracking import TRACKER
 
 NAN_RULE = """\
@@ -455,7 +455,8 @@ def test_a_failing_script_prints_its_traceback_then_the_confirmed_diagnosis(tmp_
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(report=str(tmp_path / "report")), encoding="utf-8")
     env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120,
+                          cwd=tmp_path)  # fmt: skip
     assert done.returncode == 1  # what plain python gives for an uncaught exception
     stderr = done.stderr
     assert stderr.index("Traceback (most recent call last)") < stderr.index("shape_trace")
@@ -465,12 +466,38 @@ def test_a_failing_script_prints_its_traceback_then_the_confirmed_diagnosis(tmp_
     assert probes["shape_trace"]["status"] == "confirmed"
     assert "conv outputs 8×8×8 = 512 features per sample; fc expects 288" in probes["shape_trace"]["detail"]
     assert probes["save_batch"]["status"] == "confirmed" and "saved batch 0" in probes["save_batch"]["detail"]
+    # How to verify a fix: the commands name this script, and the replay its saved batch.
+    assert report["rerun"]["replay"] == "python -m triage --replay report train.py"  # from where it ran
+    assert f"    $ {report['rerun']['replay']}\n" in stderr
+
+
+TWO_FAILURES = """import threading
+import triage
+
+triage.install()
+thread = threading.Thread(target=lambda: {}["missing"])
+thread.start()
+thread.join()
+[1, 2][5]
+"""
+
+
+def test_install_diagnoses_each_failure_once_alone_and_under_the_runner(tmp_path):
+    script = tmp_path / "two.py"
+    script.write_text(TWO_FAILURES)
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    for argv in ([str(script)], ["-m", "triage", str(script)]):
+        done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=120,
+                              cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 1
+        headlines = [line for line in done.stderr.splitlines() if line.startswith("triage: ") and "Error" in line]
+        assert headlines == ["triage: KeyError: 'missing'", "triage: IndexError: list index out of range"], argv
 
 
 def test_the_runner_can_take_nan_incidents_and_the_crash_path(monkeypatch):
     taken = []
     monkeypatch.setattr(wrapper, "incident_handler", lambda incident, tracker: taken.append((incident, tracker)))
-    monkeypatch.setattr(wrapper, "capture_owner", "runner")
+    monkeypatch.setattr(tracking, "capture_owner", "runner")
     _train(LogNet(), _nan_data(bad_at=1, steps=3))
     assert not wrapper.installed()  # watch() left the crash path to the runner
     (incident, tracker), = taken

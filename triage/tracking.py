@@ -78,3 +78,6 @@ class Tracker:
 
 
 TRACKER = Tracker()
+# Who diagnoses this process's uncaught exceptions: None, "install" (triage.install()) or "runner" (set as
+# the runner's child starts, so that a script calling install() under `python -m triage` is diagnosed once).
+capture_owner: str | None = None

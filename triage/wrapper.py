@@ -26,13 +26,12 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from . import tracking
 from .tracking import TRACKER, Tracker
 
 ON_NAN = ("report", "raise", "ignore")
 # Share of the measured step time the full gradient check may take; its stride adapts to keep under it.
 GRADIENT_CHECK_BUDGET = 0.001
-# Who prints the diagnosis of an uncaught exception: None, "install" or "runner" (the runner sets it).
-capture_owner: str | None = None
 # Where a NaN/Inf incident goes: None means diagnose_live() here; the runner may set its own (incident, tracker).
 incident_handler: Callable[[Any, Tracker], None] | None = None
 
@@ -52,7 +51,6 @@ class _Settings:
 
 
 _settings = _Settings()
-_reported: deque[int] = deque(maxlen=64)  # ids of exceptions already diagnosed (never mutate the user's exception)
 
 
 def _report_dir() -> Path:
@@ -131,9 +129,8 @@ def incident_from_exception(exc: BaseException) -> Any:
 
 def _report_exception(exc: BaseException) -> None:
     """The crash path: never raises, never changes the exception; one line if triage itself fails."""
-    if isinstance(exc, (KeyboardInterrupt, SystemExit)) or id(exc) in _reported:
-        return
-    _reported.append(id(exc))
+    if isinstance(exc, (KeyboardInterrupt, SystemExit, NonFiniteError)):
+        return  # a NonFiniteError is raised after its NaN incident was reported
     try:
         diagnose_live(incident_from_exception(exc), exc)
     except Exception as failure:
@@ -160,13 +157,13 @@ _installed: _Installed | None = None
 def install(report_dir: str | Path | None = None, probes: bool = True, rules: Iterable[str | Path] = (),
             stream: Any = None) -> None:
     """Diagnose uncaught exceptions (main thread, other threads, IPython cells) after their traceback prints."""
-    global _installed, capture_owner
+    global _installed
     _settings.report_dir = Path(report_dir) if report_dir is not None else None
     _settings.probes = probes
     _settings.rules = tuple(Path(r) for r in rules)
     _settings.stream = stream
-    if _installed is not None and _installed.active:
-        return
+    if (_installed is not None and _installed.active) or tracking.capture_owner == "runner":
+        return  # under `python -m triage` the runner already diagnoses every uncaught exception
     state = _Installed()
 
     def excepthook(exc_type, exc, tb):
@@ -186,7 +183,7 @@ def install(report_dir: str | Path | None = None, probes: bool = True, rules: It
     state.ipython = _install_ipython(state)
     state.excepthook, state.threading_hook = excepthook, threading_hook  # type: ignore[attr-defined]
     _installed = state
-    capture_owner = capture_owner or "install"
+    tracking.capture_owner = tracking.capture_owner or "install"
 
 
 def _install_ipython(state: _Installed) -> Any:
@@ -206,7 +203,7 @@ def _install_ipython(state: _Installed) -> Any:
 
 def uninstall() -> None:
     """Put back the hooks install() replaced; a hook chained after ours keeps working and triage stays quiet."""
-    global _installed, capture_owner
+    global _installed
     state = _installed
     if state is None:
         return
@@ -218,8 +215,8 @@ def uninstall() -> None:
     if state.ipython is not None:
         state.ipython.set_custom_exc((), None)
     _installed = None
-    if capture_owner == "install":
-        capture_owner = None
+    if tracking.capture_owner == "install":
+        tracking.capture_owner = None
 
 
 def installed() -> bool:
@@ -465,9 +462,7 @@ class NonFiniteMonitor:
                 raise
             print(f"triage: {message}; could not diagnose it: {type(failure).__name__}: {failure}", file=sys.stderr)
         if self.on_nan == "raise":
-            error = NonFiniteError(f"{message}: {value}")
-            _reported.append(id(error))
-            raise error
+            raise NonFiniteError(f"{message}: {value}")
 
     def _incident(self, what: str, value: str, step: int, batch_index: int | None, gradients: list[str],
                   snapshot: dict[str, Any] | None) -> Any:
@@ -548,7 +543,7 @@ class watch:
         t.loss_fn = self.loss_fn if self.loss_fn is not None else t.loss_fn
         t.watch_active = True
         self._hook()
-        if capture_owner is None and not installed():
+        if tracking.capture_owner is None and not installed():
             install()
             self._installed_here = True
         return self

@@ -19,6 +19,7 @@ import time
 import types
 from typing import Any, NoReturn
 
+from .. import tracking
 from ..tracking import TRACKER
 from .channel import CRASH_DUMP, DUMP_SIGNAL, PHASE_EXITING, PHASE_RUNNING, PHASE_TRIAGING, STACK_DUMP, STATUS, WORKERS, Channel
 from .cli import interpreter_argv
@@ -44,6 +45,7 @@ class Session:
         self.exit_code: int | None = None
 
     def start(self) -> None:
+        tracking.capture_owner = "runner"  # install() and watch() leave uncaught exceptions to us
         self.heartbeat = Heartbeat(self.channel)
         TRACKER.listeners.append(self.heartbeat.on_progress)
         # faulthandler writes from the signal handler to files opened now; forked workers inherit them.
@@ -85,7 +87,6 @@ class Session:
         try:
             from .. import wrapper
 
-            wrapper.capture_owner = "runner"  # watch() leaves the crash path to the runner
             wrapper.incident_handler = self.report_incident  # NaN/Inf incidents get the runner's report folder
             wrapper.auto_track(TRACKER)  # batches and steps into the Tracker, gradients checked for NaN/Inf
             feed_tracker = False
