@@ -72,6 +72,10 @@ def save_batch(ctx: ProbeContext) -> ProbeResult:
         kwargs = ctx.model_kwargs if ctx.model_args is not None else ctx.module_kwargs
         batch, source = {"args": tuple(args), "kwargs": dict(kwargs or {})}, "the failing call's arguments"
     if batch is None:
+        from ..tracking import capture_owner
+
+        if capture_owner == "runner":  # the runner follows every DataLoader: this script uses none
+            return result(NAME, "skipped", "no batch known: no DataLoader yielded one and no model call failed")
         return result(NAME, "skipped", "no batch known: use `triage.track(loader)` or run under `python -m triage`")
     poisoned = cuda_poisoned(ctx)
     dropped: list[str] = []
