@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 import triage
 from _probe_fixtures import ConvNet, raised
 from triage import tracking, wrapper
-from triage.tracking import TRACKER
+from triage.tracking import TRACKER, Tracker
 
 NAN_RULE = """\
 - id: nan.test-loss
@@ -262,14 +262,47 @@ def test_the_gradient_check_stride_keeps_its_cost_in_budget(monkeypatch):
     params = [nn.Parameter(torch.randn(64, 64)) for _ in range(4)]
     for p in params:
         p.grad = torch.randn_like(p)
+    steps = Tracker()
+    before_step = monitor.step_hook(params, steps)
     monkeypatch.setattr(wrapper, "GRADIENT_CHECK_BUDGET", 1e-9)
     for _ in range(3):
-        monitor.check_gradients(params)
+        before_step(None, (), {})
     assert monitor.stride == 1000  # a check that costs more than the budget runs rarely
     monkeypatch.setattr(wrapper, "GRADIENT_CHECK_BUDGET", 1e9)
     monitor.since = monitor.stride
-    monitor.check_gradients(params)
-    assert monitor.stride == 1
+    before_step(None, (), {})
+    assert monitor.stride == 1 and steps.steps == 4
+
+
+class _GradOnAnotherDevice:
+    """A gradient on a device whose memory the host cannot read (a GPU): its address must never be read."""
+
+    is_cpu = is_cuda = False
+
+    def data_ptr(self):
+        raise AssertionError("a device address read as host memory")
+
+    def is_floating_point(self):
+        return True
+
+    def numel(self):
+        return 3
+
+
+def test_the_per_step_peek_never_reads_a_gradient_that_moved_off_the_cpu_as_host_memory(monkeypatch):
+    # The hook was built for a CPU parameter; the model moved afterwards (optimizer built before .to(device)).
+    monitor = wrapper.NonFiniteMonitor(TRACKER)
+    monitor.stride = 10**6  # the per-step peek only, no strided full check
+    checked = []
+    monkeypatch.setattr(monitor, "_check_all", lambda params, adapt: checked.append(adapt))
+    param = nn.Parameter(torch.ones(3))
+    before_step = monitor.step_hook([param], Tracker())
+    moved = type("Moved", (), {"grad": _GradOnAnotherDevice()})()
+    monkeypatch.setattr(wrapper, "sentinel_for", lambda params: [(moved, *wrapper._READERS["torch.float32"])])
+    monitor.step_hook([moved], Tracker())(None, (), {})  # would crash the run if it read the address
+    param.grad = torch.tensor([float("nan"), 0.0, 0.0])
+    before_step(None, (), {})
+    assert checked == [False]  # the CPU NaN was still seen, and sent to the exact check
 
 
 def test_an_asynchronous_flag_is_reported_with_its_own_step(tmp_path):

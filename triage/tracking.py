@@ -8,7 +8,6 @@ a DataLoader yielded survives a poisoned CUDA context.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -27,7 +26,6 @@ class Tracker:
     steps: int = 0
     iterators: int = 0
     last_loss: Any = None
-    last_progress: float = field(default_factory=time.monotonic)
     listeners: list[Callable[[str, int], None]] = field(default_factory=list)
     # The arguments of the model's and the loss function's latest calls, (args, kwargs), by reference.
     model_call: tuple[tuple, dict] | None = None
@@ -38,15 +36,18 @@ class Tracker:
     watch_active: bool = False
 
     def on_batch(self, batch: Any, loader: Any = None) -> None:
-        """A DataLoader yielded `batch` (held by reference)."""
+        """A DataLoader yielded `batch`: its tensors are held by reference, in a container of our own, so that
+        `batch[k] = batch[k].cuda()` in the loop leaves ours on the CPU (where a poisoned GPU cannot reach)."""
         if self.suspended:
             return
-        self.batch = batch
+        kind = type(batch)
+        self.batch = list(batch) if kind is list else dict(batch) if kind is dict else batch
         self.batch_index = self.batches_seen
         self.batches_seen += 1
         if loader is not None:
             self.loader = loader
-        self._progress("batch", self.batches_seen)
+        for listener in self.listeners:  # inline, not a helper: a call per batch costs right after a step
+            listener("batch", self.batches_seen)
 
     def on_iter(self, loader: Any = None) -> None:
         """Iteration over a DataLoader began (an epoch, or a validation pass): batches are now expected."""
@@ -55,7 +56,8 @@ class Tracker:
         self.iterators += 1
         if loader is not None:
             self.loader = loader
-        self._progress("iter", self.iterators)
+        for listener in self.listeners:
+            listener("iter", self.iterators)
 
     def on_step(self, optimizer: Any = None) -> None:
         """An optimizer step (triage's hooks count it as it begins: one hook per step is cheaper than two)."""
@@ -64,12 +66,8 @@ class Tracker:
         self.steps += 1
         if optimizer is not None and self.optimizer is None:
             self.optimizer = optimizer
-        self._progress("step", self.steps)
-
-    def _progress(self, what: str, count: int) -> None:
-        self.last_progress = time.monotonic()
         for listener in self.listeners:
-            listener(what, count)
+            listener("step", self.steps)
 
     def reset(self) -> None:
         listeners = self.listeners

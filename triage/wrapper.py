@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import math
+from math import isfinite
 import os
 import sys
 import threading
@@ -275,20 +276,24 @@ class DeviceFlags:
         return found
 
 
-_READERS = {"torch.float32": ctypes.c_float, "torch.float64": ctypes.c_double}
+# This process's memory as float32 and float64 values, to read one value of a CPU gradient by its address:
+# a subscript, where ctypes' from_address builds an object per read (microseconds with the caches cold right
+# after backward()). Only ever indexed at the address torch gives for a live CPU tensor of that dtype.
+_HOST_MEMORY = memoryview((ctypes.c_char * ((sys.maxsize + 1) // 2)).from_address(0)).cast("B")
+_READERS = {"torch.float32": (_HOST_MEMORY.cast("f"), 2), "torch.float64": (_HOST_MEMORY.cast("d"), 3)}
 
 
-def sentinel_for(params: list[Any]) -> list[tuple[Any, Callable[[int], float] | None]]:
-    """The parameters whose gradients are peeked at every step (the last and the first), each with a function
-    reading the first value of its CPU gradient straight from memory (None: use torch)."""
+def sentinel_for(params: list[Any]) -> list[tuple[Any, Any, int]]:
+    """The parameters whose gradients are peeked at every step (the last and the first), each with the view
+    of memory that reads the first value of its CPU gradient and the shift from an address to an index
+    (None: read through torch)."""
     chosen = [params[-1], params[0]] if len(params) > 1 else list(params)
     out = []
     for param in chosen:
-        kind = _READERS.get(str(param.dtype))
-        if kind is None or param.is_cuda or param.is_meta or param.numel() == 0:
-            out.append((param, None))
-        else:
-            out.append((param, lambda address, kind=kind: kind.from_address(address).value))
+        view, shift = _READERS.get(str(param.dtype), (None, 0))
+        if param.is_cuda or param.is_meta or param.numel() == 0:
+            view = None
+        out.append((param, view, shift))
     return out
 
 
@@ -333,37 +338,56 @@ class NonFiniteMonitor:
             self.flags.push(~torch.isfinite(tensor.detach()).all(), self._snapshot(what))
             self.poll()
 
-    def check_gradients(self, params: list[Any], sentinel: list[tuple[Any, Any]] | None = None) -> None:
-        """Before an optimizer step: one value of the last and of the first parameter's gradient every step;
-        all gradients at a stride chosen so that those full checks take GRADIENT_CHECK_BUDGET of the step time.
+    def step_hook(self, params: list[Any], tracker: Tracker) -> Callable[[Any, Any, Any], None]:
+        """The optimizer pre-step hook for `params`: checks the gradients, then counts the step.
 
-        `sentinel` is `sentinel_for(params)`, computed once by the caller. Right after backward() every
-        Python-level call costs microseconds (cold caches), so the per-step path does very few.
+        Every step it reads the first value of the last and of the first parameter's gradient; all
+        gradients are checked at a stride chosen so that those full checks take GRADIENT_CHECK_BUDGET of
+        the step time. A NaN/Inf in the forward pass makes the loss non-finite, and with it the gradient
+        of the parameters nearest the loss (usually the last registered: the output layer; ReLU-like
+        masks can zero the others exactly). A NaN born in backward reaches the parameters upstream of it,
+        the first one's included, though maybe not the value read here: the strided check finds those.
+        Right after backward() each Python-level call costs microseconds (cold caches), so the hook is
+        one frame, its lookups bound in advance and a CPU float32/64 value read by its address.
         """
-        if self.fired:
-            return
-        self.since += 1
-        if self.since >= self.stride:
-            self._check_all(params, adapt=True)
-            return
-        # A NaN/Inf in the forward pass makes the loss non-finite, and with it the gradient of the parameters
-        # nearest the loss (usually the last registered: the output layer; ReLU-like masks can zero the others
-        # exactly). A NaN born in backward reaches the parameters upstream of it, the first one's included,
-        # though maybe not the value read here: the strided full check finds those.
-        for param, read in sentinel if sentinel is not None else sentinel_for(params):
-            grad = param.grad
-            if grad is None:
-                continue
-            if read is not None:
-                if not math.isfinite(read(grad.data_ptr())):
-                    self._check_all(params, adapt=False)
-                    return
-            elif grad.is_cuda:
-                torch = sys.modules["torch"]
-                self.flags.push(~torch.isfinite(grad.reshape(-1)[0]), self._snapshot("gradients"))
-            elif grad.numel() and not math.isfinite(float(grad.reshape(-1)[0])):
-                self._check_all(params, adapt=False)
-                return
+        monitor, check_all, peek, on_step = self, self._check_all, self._peek, tracker.on_step
+        sentinel = sentinel_for(params) or [(None, None, 0)]
+        (last, last_view, last_shift), (first, first_view, first_shift) = sentinel[0], sentinel[-1]
+
+        def before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if not monitor.fired:
+                monitor.since += 1
+                if monitor.since >= monitor.stride:
+                    check_all(params, adapt=True)
+                elif last is not None:
+                    grad = last.grad
+                    if grad is not None and not (
+                        isfinite(last_view[grad.data_ptr() >> last_shift])
+                        if last_view is not None and grad.is_cpu else peek(grad)
+                    ):
+                        check_all(params, adapt=False)
+                    else:
+                        grad = first.grad
+                        if grad is not None and not (
+                            isfinite(first_view[grad.data_ptr() >> first_shift])
+                            if first_view is not None and grad.is_cpu else peek(grad)
+                        ):
+                            check_all(params, adapt=False)
+                if monitor.flags.pending:
+                    monitor.poll()
+            on_step(optimizer)
+
+        return before_step
+
+    def _peek(self, grad: Any) -> bool:
+        """False when the first value of a gradient is NaN/Inf; on a GPU it is flagged and read later."""
+        if grad.is_cuda:
+            torch = sys.modules["torch"]
+            self.flags.push(~torch.isfinite(grad.reshape(-1)[0]), self._snapshot("gradients"))
+            return True
+        if not grad.is_cpu or not grad.is_floating_point() or not grad.numel():
+            return True  # a device triage cannot read without a copy (mps, xpu, meta): the strided check's
+        return math.isfinite(float(grad.reshape(-1)[0]))
 
     def _check_all(self, params: list[Any], adapt: bool) -> None:
         torch = sys.modules["torch"]
@@ -500,15 +524,6 @@ class NonFiniteMonitor:
 # ---------------------------------------------------------------------------- watch / track
 
 
-def _shallow(batch: Any) -> Any:
-    """A new container holding the same tensors, so that `batch[k] = batch[k].cuda()` leaves ours on the CPU."""
-    if type(batch) is dict:
-        return dict(batch)
-    if type(batch) is list:
-        return list(batch)
-    return batch
-
-
 class watch:
     """`with triage.watch(model=..., optimizer=..., loss_fn=...):` gives triage the live training objects.
 
@@ -588,20 +603,10 @@ class watch:
                 monitor.check(first_tensor(output), "model output")
 
             self._handles.append(self.model.register_forward_hook(check_output))
-        if self.optimizer is not None and hasattr(self.optimizer, "register_step_post_hook"):
-            optimizer = self.optimizer
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            sentinel = sentinel_for(params)
-
+        if self.optimizer is not None and hasattr(self.optimizer, "register_step_pre_hook"):
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
             # One pre-step hook does it all (each hook call costs): the step is counted as it begins.
-            def before_step(opt, args, kwargs):
-                if checks:
-                    monitor.check_gradients(params, sentinel)
-                    if monitor.flags.pending:
-                        monitor.poll()
-                t.on_step(opt)
-
-            self._handles.append(optimizer.register_step_pre_hook(before_step))
+            self._handles.append(self.optimizer.register_step_pre_hook(monitor.step_hook(params, t)))
 
 
 def track(loader: Iterable, tracker: Tracker | None = None) -> Iterator[Any]:
@@ -615,7 +620,7 @@ def track(loader: Iterable, tracker: Tracker | None = None) -> Iterator[Any]:
         pass
     on_batch = t.on_batch
     for batch in iterator:
-        on_batch(_shallow(batch), loader)
+        on_batch(batch, loader)
         yield batch
 
 
@@ -649,22 +654,18 @@ def auto_track(tracker: Tracker | None = None, on_nan: str = "report") -> Callab
     def __next__(self):
         batch = original_next(self)
         if not getattr(self, "_triage_tracked", False):
-            t.on_batch(_shallow(batch), getattr(self, "_triage_loader", self))
+            t.on_batch(batch, getattr(self, "_triage_loader", self))
         return batch
 
-    params_of: dict[int, tuple[list, Any]] = {}
+    hook_of: dict[int, Callable[[Any, Any, Any], None]] = {}
 
     def before_step(optimizer, args, kwargs):
         if t.watch_active:
             return  # watch() follows this loop itself
-        known = params_of.get(id(optimizer))
-        if known is None:
-            params = [p for g in optimizer.param_groups for p in g["params"]]
-            known = params_of[id(optimizer)] = (params, sentinel_for(params))
-        monitor.check_gradients(*known)
-        if monitor.flags.pending:
-            monitor.poll()
-        t.on_step(optimizer)  # counted as it begins, as in watch()
+        hook = hook_of.get(id(optimizer))
+        if hook is None:
+            hook = hook_of[id(optimizer)] = monitor.step_hook([p for g in optimizer.param_groups for p in g["params"]], t)
+        hook(optimizer, args, kwargs)  # counted as it begins, as in watch()
 
     DataLoader.__iter__ = __iter__
     _BaseDataLoaderIter.__next__ = __next__
