@@ -294,6 +294,8 @@ CORPUS_LOGS = FIXTURES.parent.parent / "corpus" / "logs"
         ("inplace/anomaly_sigmoid_mul_inplace.log", "forward call", ("/tmp/rm/anomaly_inplace_sigmoid.py", 11, "forward", "h = model(x)"), ("/tmp/rm/anomaly_inplace_sigmoid.py", 17)),
         ("compile/fullgraph_skipped_builtin_listdir.log", "user code", ("/tmp/rm/compile_walk.py", 7, "normalize_batch", 'n_files = len(os.listdir("."))'), ("/tmp/rm/compile_walk.py", 11)),
         ("compile/fullgraph_data_dependent_branch.log", "user code", ("/tmp/rm/c1.py", 6, "step", "if y.sum() > 0:"), ("/tmp/rm/c1.py", 10)),
+        # the traced stack ends in the standard library's copy.py: the user frame is the one before it
+        ("compile/fullgraph_deepcopy_tensor.log", "user code", ("/tmp/rm/compile_deepcopy.py", 8, "snapshot", "saved = copy.deepcopy(x)"), ("/tmp/rm/compile_deepcopy.py", 12)),
     ],
 )  # fmt: skip
 def test_side_stacks_of_real_logs_attach_to_their_exception(log, label, side_user, traceback_user):
@@ -335,6 +337,7 @@ def test_dynamo_user_code_of_library_frames_only_has_no_user_frame():
         ("inplace/anomaly_sigmoid_mul_inplace.log", ["forward call at /tmp/rm/anomaly_inplace_sigmoid.py:11 in forward", "`h = model(x)` at"]),
         ("compile/fullgraph_skipped_builtin_listdir.log", ["user code at /tmp/rm/compile_walk.py:7 in normalize_batch", "posix.listdir (compile_walk.py:7)", '`n_files = len(os.listdir("."))` at /tmp/rm/compile_walk.py:7']),
         ("compile/fullgraph_data_dependent_branch.log", ["user code at /tmp/rm/c1.py:6 in step", "`if y.sum() > 0:`"]),
+        ("compile/fullgraph_deepcopy_tensor.log", ["user code at /tmp/rm/compile_deepcopy.py:8 in snapshot", "at `saved = copy.deepcopy(x)` (/tmp/rm/compile_deepcopy.py:8 in snapshot)"]),
     ],
 )  # fmt: skip
 def test_explain_names_the_side_stack_user_line(log, named):
