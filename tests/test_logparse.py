@@ -279,3 +279,173 @@ def test_dynamo_logger_prefix_and_dotted_exception_names():
     text = "[2023-11-29 22:29:33,093] torch._dynamo.convert_frame: [WARNING] Traceback (most recent call last):\n"
     assert parse_text(text + '  File "a.py", line 1, in f\n    g()\nRuntimeError: x\n').exception.frames[0].line == 1
     assert parse_text("torch._dynamo.exc.Unsupported: data dependent operator\n").exception.short_type == "Unsupported"
+
+
+# --- side stacks: anomaly mode's forward trace, Dynamo's "from user code:" ----------------------
+
+CORPUS_LOGS = FIXTURES.parent.parent / "corpus" / "logs"
+
+
+@pytest.mark.parametrize(
+    ("log", "label", "side_user", "traceback_user"),
+    [
+        ("nan/anomaly_mulbackward_bare.log", "forward call", ("/tmp/rm/nan1.py", 8, "<module>", "probs = torch.sigmoid(model(x)) * 0"), ("/tmp/rm/nan1.py", 10)),
+        ("nan/anomaly_logbackward_vae.log", "forward call", ("/home/ml/proj/train_vae.py", 18, "vae_loss", "bce = -(x * torch.log(recon) + (1 - x) * torch.log(1 - recon)).sum()"), ("/home/ml/proj/train_vae.py", 34)),
+        ("inplace/anomaly_sigmoid_mul_inplace.log", "forward call", ("/tmp/rm/anomaly_inplace_sigmoid.py", 11, "forward", "h = model(x)"), ("/tmp/rm/anomaly_inplace_sigmoid.py", 17)),
+        ("compile/fullgraph_skipped_builtin_listdir.log", "user code", ("/tmp/rm/compile_walk.py", 7, "normalize_batch", 'n_files = len(os.listdir("."))'), ("/tmp/rm/compile_walk.py", 11)),
+        ("compile/fullgraph_data_dependent_branch.log", "user code", ("/tmp/rm/c1.py", 6, "step", "if y.sum() > 0:"), ("/tmp/rm/c1.py", 10)),
+        # the traced stack ends in the standard library's copy.py: the user frame is the one before it
+        ("compile/fullgraph_deepcopy_tensor.log", "user code", ("/tmp/rm/compile_deepcopy.py", 8, "snapshot", "saved = copy.deepcopy(x)"), ("/tmp/rm/compile_deepcopy.py", 12)),
+    ],
+)  # fmt: skip
+def test_side_stacks_of_real_logs_attach_to_their_exception(log, label, side_user, traceback_user):
+    incident = parse_text((CORPUS_LOGS / log).read_bytes().decode("utf-8"))
+    # The side stack is no exception of its own: one exception, no "cut off" traceback.
+    assert len(incident.exceptions) == 1 and incident.exception.type
+    assert not any("cut off" in note for note in incident.notes)
+    exc = incident.exception
+    assert exc.side_label == label
+    side = exc.side_user_frame()
+    assert (side.file, side.line, side.function, side.code) == side_user
+    # The traceback stays what Python printed: it starts at the call that raised, not at the side stack.
+    assert (exc.frames[0].file, exc.frames[0].line) == traceback_user
+    assert not any(frame.line == side.line and frame.file == side.file for frame in exc.frames)
+    # Nothing of the stack is left for log rules to misread, but the warning line itself is.
+    assert not any(line.lstrip().startswith('File "') for line in incident.log_lines)
+
+
+def test_anomaly_forward_trace_keeps_every_frame_innermost_last():
+    exc = parse_text((CORPUS_LOGS / "nan/anomaly_logbackward_vae.log").read_text()).exception
+    assert [(f.line, f.function, f.user) for f in exc.side_frames] == [(31, "<module>", True), (18, "vae_loss", True)]
+    assert len(exc.frames) == 4  # loss.backward() and torch's three frames, as printed
+
+
+def test_dynamo_user_code_of_library_frames_only_has_no_user_frame():
+    incident = parse_text((CORPUS_LOGS / "compile/fake_tensor_linear_shape.log").read_text())
+    assert len(incident.exceptions) == 1
+    exc = incident.exception
+    assert exc.short_type == "TorchRuntimeError" and exc.side_label == "user code"
+    assert [f.function for f in exc.side_frames] == ["inner", "forward", "forward"]
+    assert exc.side_user_frame() is None
+
+
+@pytest.mark.parametrize(
+    ("log", "named"),
+    [
+        ("nan/anomaly_mulbackward_bare.log", ["forward call at /tmp/rm/nan1.py:8 in <module>", "the forward op is nan1.py:8"]),
+        ("nan/anomaly_logbackward_vae.log", ["forward call at /home/ml/proj/train_vae.py:18 in vae_loss", "`bce = -(x * torch.log(recon)"]),
+        ("inplace/anomaly_sigmoid_mul_inplace.log", ["forward call at /tmp/rm/anomaly_inplace_sigmoid.py:11 in forward", "`h = model(x)` at"]),
+        ("compile/fullgraph_skipped_builtin_listdir.log", ["user code at /tmp/rm/compile_walk.py:7 in normalize_batch", "posix.listdir (compile_walk.py:7)", '`n_files = len(os.listdir("."))` at /tmp/rm/compile_walk.py:7']),
+        ("compile/fullgraph_data_dependent_branch.log", ["user code at /tmp/rm/c1.py:6 in step", "`if y.sum() > 0:`"]),
+        ("compile/fullgraph_deepcopy_tensor.log", ["user code at /tmp/rm/compile_deepcopy.py:8 in snapshot", "at `saved = copy.deepcopy(x)` (/tmp/rm/compile_deepcopy.py:8 in snapshot)"]),
+    ],
+)  # fmt: skip
+def test_explain_names_the_side_stack_user_line(log, named):
+    import io
+
+    from triage.explain import explain_log
+    from triage.kb import load_builtin
+    from triage.render import to_terminal
+
+    report = explain_log(str(CORPUS_LOGS / log), load_builtin())
+    out = io.StringIO()
+    to_terminal(report, out, color=False)
+    text = out.getvalue()
+    for words in named:
+        assert words in text
+    assert "cut off" not in text
+
+
+ANOMALY_AFTER_OTHER_WARNING = (
+    "/usr/lib/python3.11/site-packages/torch/utils/data/dataloader.py:617: UserWarning: This DataLoader will create 8 "
+    "worker processes in total. Our suggested max number of worker in current system is 2.\n"
+    "  warnings.warn(\n"
+    "epoch 0 step 40 loss nan\n"
+    "/usr/lib/python3.11/site-packages/torch/autograd/graph.py:979: UserWarning: Error detected in DivBackward0. "
+    "Traceback of forward call that caused the error:\n"
+    '  File "/home/u/train.py", line 40, in <module>\n'
+    "    loss = criterion(out, y)\n"
+    '  File "/usr/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1789, in _call_impl\n'
+    "    return forward_call(*args, **kwargs)\n"
+    '  File "/home/u/losses.py", line 12, in forward\n'
+    "    return (x / x.norm(dim=1, keepdim=True)).sum()\n"
+    "           ~~^~~~~~~~~~~~~~~~~~~~~~~~~~~~~\n"
+    " (Triggered internally at /pytorch/torch/csrc/autograd/python_anomaly_mode.cpp:122.)\n"
+    "  return Variable._execution_engine.run_backward(  # Calls into the C++ engine to run the backward pass\n"
+    "Traceback (most recent call last):\n"
+    '  File "/home/u/train.py", line 42, in <module>\n'
+    "    loss.backward()\n"
+    '  File "/usr/lib/python3.11/site-packages/torch/_tensor.py", line 623, in backward\n'
+    "    torch.autograd.backward(\n"
+    "RuntimeError: Function 'DivBackward0' returned nan values in its 0th output.\n"
+)
+
+
+def test_anomaly_warning_after_an_unrelated_warning():
+    incident = parse_text(ANOMALY_AFTER_OTHER_WARNING)
+    assert len(incident.exceptions) == 1
+    exc = incident.exception
+    assert exc.message == "Function 'DivBackward0' returned nan values in its 0th output."
+    assert [(f.file, f.line) for f in exc.side_frames] == [
+        ("/home/u/train.py", 40), ("/usr/lib/python3.11/site-packages/torch/nn/modules/module.py", 1789), ("/home/u/losses.py", 12),
+    ]
+    assert exc.side_user_frame().code == "return (x / x.norm(dim=1, keepdim=True)).sum()"  # the carets are not code
+    assert [f.line for f in exc.frames] == [42, 623]
+    # The earlier warning, its source line and the lines after the trace stay log lines.
+    assert "  warnings.warn(" in incident.log_lines
+    assert any("This DataLoader will create 8 worker processes" in line for line in incident.log_lines)
+    assert any(line.startswith(" (Triggered internally at") for line in incident.log_lines)
+    assert any("Error detected in DivBackward0" in line for line in incident.log_lines)
+
+
+def test_anomaly_warning_alone_attaches_to_nothing_and_stays_in_the_log():
+    text = ANOMALY_AFTER_OTHER_WARNING.split("Traceback (most recent call last):")[0]
+    incident = parse_text(text)
+    assert incident.exceptions == [] and incident.exception is None
+    assert incident.kind == "nan"  # "loss nan" in the log, and no exception made from the trace
+    assert '  File "/home/u/losses.py", line 12, in forward' in incident.log_lines
+
+
+def test_anomaly_trace_far_before_an_exception_is_not_attached():
+    head, tail = ANOMALY_AFTER_OTHER_WARNING.split("Traceback (most recent call last):")
+    filler = "".join(f"epoch 1 step {n} loss 0.5\n" for n in range(100))
+    exc = parse_text(head + filler + "Traceback (most recent call last):" + tail).exception
+    assert exc.type == "RuntimeError" and exc.side_frames == []
+
+
+def test_dynamo_user_code_with_no_exception_before_it_stays_in_the_log():
+    text = 'from user code:\n   File "/home/u/model.py", line 23, in forward\n    x = x.numpy()\n\nstep 3 loss 0.2\n'
+    incident = parse_text(text)
+    assert incident.exceptions == []
+    assert '   File "/home/u/model.py", line 23, in forward' in incident.log_lines
+
+
+def test_dynamo_user_code_inside_the_message_when_blank_lines_were_lost():
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/home/u/train.py", line 30, in <module>\n'
+        "    out = compiled(x)\n"
+        '  File "/usr/lib/python3.11/site-packages/torch/_dynamo/eval_frame.py", line 1177, in compile_wrapper\n'
+        "    raise e.with_traceback(\n"
+        "torch._dynamo.exc.Unsupported: Attempted to call function marked as skipped\n"
+        "from user code:\n"
+        '   File "/home/u/model.py", line 23, in forward\n'
+        "    t0 = time.perf_counter()\n"
+    )
+    exc = parse_text(text).exception
+    assert exc.side_label == "user code"
+    assert (exc.side_user_frame().line, exc.side_user_frame().code) == (23, "t0 = time.perf_counter()")
+    assert [f.line for f in exc.frames] == [30, 1177]
+
+
+def test_side_frames_round_trip_through_the_json_contract():
+    from triage.incident import Incident
+
+    incident = parse_text((CORPUS_LOGS / "compile/fullgraph_data_dependent_branch.log").read_text())
+    data = incident.to_dict()
+    assert data["exception"]["side_label"] == "user code"
+    assert data["exception"]["side_frames"][0] == {"file": "/tmp/rm/c1.py", "line": 6, "function": "step", "code": "if y.sum() > 0:", "user": True}
+    back = Incident.from_dict(data).exception
+    assert back.side_label == "user code" and back.side_user_frame().line == 6
+    # An exception without a side stack keeps the keys it always had.
+    assert set(parse_text("RuntimeError: boom\n").to_dict()["exception"]) == {"type", "message", "frames"}

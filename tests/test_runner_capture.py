@@ -250,6 +250,62 @@ def test_capture_keeps_the_chain_and_unwraps_a_worker_traceback() -> None:
     assert [(e.type, e.link) for e in chain] == [("ValueError", None), ("RuntimeError", "cause")]
 
 
+def test_capture_attaches_anomaly_modes_forward_trace_from_the_recorded_warning() -> None:
+    import warnings
+
+    from triage.capture.live import capture_exception
+    from triage.runner.hooks import _clip_warning
+
+    weight = torch.zeros(3, requires_grad=True)
+
+    def forward_and_backward():
+        with torch.autograd.detect_anomaly(check_nan=True):
+            logs = torch.log(weight * 0)  # log(0) = -inf: LogBackward0 returns NaN times a zero gradient
+            (logs * 0).sum().backward()
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        try:
+            forward_and_backward()
+        except RuntimeError as exc:
+            recorded = [_clip_warning(f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}") for w in seen]
+            incident = capture_exception(exc, log_lines=recorded).incident
+        else:
+            raise AssertionError("backward did not raise")
+    exc = incident.exception
+    assert "returned nan values" in exc.message and exc.side_label == "forward call"
+    side = exc.side_user_frame()
+    assert (side.function, side.code) == ("forward_and_backward", "logs = torch.log(weight * 0)  # log(0) = -inf: LogBackward0 returns NaN times a zero gradient")
+    assert not any("/triage/" in f.file or "runpy" in f.file for f in exc.side_frames)
+
+
+def test_capture_reads_dynamos_user_code_from_the_message() -> None:
+    message = (
+        "Attempted to call function marked as skipped\n\nfrom user code:\n"
+        '   File "/home/u/model.py", line 23, in forward\n    t0 = time.perf_counter()\n              ^^^^\n\n'
+        "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace"
+    )
+
+    def compiled():
+        raise RuntimeError(message)
+
+    exc = _raise_and_capture(compiled).incident.exception
+    assert exc.side_label == "user code"
+    assert [(f.file, f.line, f.code) for f in exc.side_frames] == [("/home/u/model.py", 23, "t0 = time.perf_counter()")]
+
+
+def test_a_long_warning_with_a_stack_keeps_its_innermost_frames() -> None:
+    from triage.runner.hooks import MAX_STACK_WARNING_CHARS, MAX_WARNING_CHARS, _clip_warning
+
+    frames = "".join(f'\n  File "/home/u/m{n}.py", line {n}, in f{n}\n    y = g{n}(x)' for n in range(400))
+    text = _clip_warning("graph.py:979: UserWarning: Error detected in LogBackward0. Traceback of forward call that caused the error:" + frames)
+    assert len(text) <= MAX_STACK_WARNING_CHARS
+    lines = text.split("\n")
+    assert lines[0].endswith("caused the error:") and lines[1].startswith('  File "')
+    assert lines[-1] == "    y = g399(x)"
+    assert _clip_warning("w" * 5000) == "w" * MAX_WARNING_CHARS
+
+
 def test_cuda_errors_are_recognised_as_poisoning_the_context() -> None:
     from triage.capture.live import cuda_poisoned
 

@@ -83,6 +83,12 @@ class ExceptionInfo:
     capture said so, `wrapper` that the real failure was unwrapped from this
     one's message (a DataLoader worker's traceback), and `line_no` is its
     position in the log (for ordering).
+
+    `side_frames` is a stack PyTorch prints beside the traceback, innermost
+    last, and `side_label` says which: "forward call" (anomaly mode's trace of
+    the forward operation whose backward failed) or "user code" (the code
+    Dynamo was tracing when torch.compile failed). `frames` stays exactly the
+    traceback Python printed.
     """
 
     type: str
@@ -93,6 +99,8 @@ class ExceptionInfo:
     worker: int | None = None
     wrapper: bool = False
     line_no: int | None = None
+    side_frames: list[Frame] = field(default_factory=list)
+    side_label: str = ""
 
     @property
     def short_type(self) -> str:
@@ -110,6 +118,13 @@ class ExceptionInfo:
                 return frame
         return None
 
+    def side_user_frame(self) -> Frame | None:
+        """The innermost frame of the side stack in the user's own code."""
+        for frame in reversed(self.side_frames):
+            if frame.user:
+                return frame
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "type": self.type,
@@ -122,6 +137,9 @@ class ExceptionInfo:
                 out[key] = value
         if self.wrapper:
             out["wrapper"] = True
+        if self.side_frames:
+            out["side_frames"] = [f.to_dict() for f in self.side_frames]
+            out["side_label"] = self.side_label
         return out
 
     @classmethod
@@ -134,6 +152,8 @@ class ExceptionInfo:
             rank=data.get("rank"),
             worker=data.get("worker"),
             wrapper=bool(data.get("wrapper", False)),
+            side_frames=[Frame.from_dict(f) for f in data.get("side_frames") or []],
+            side_label=data.get("side_label") or "",
         )
 
 

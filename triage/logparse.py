@@ -4,6 +4,12 @@ Handles plain Python 3 and 2 tracebacks, IPython/Jupyter tracebacks of every
 IPython generation, VS Code's "Exception has occurred" view, chained exceptions,
 tracebacks nested inside messages (DataLoader workers, `mp.spawn`), interleaved
 ranks, torchrun's failure summary, and logs with an error line but no traceback.
+
+Stacks PyTorch prints beside a traceback are attached to their exception as
+side frames, never read as tracebacks of their own: anomaly mode's "Traceback
+of forward call that caused the error" (a warning printed just before the
+traceback of the error raised in backward) and Dynamo's "from user code:"
+(printed after the exception's message).
 """
 
 from __future__ import annotations
@@ -31,6 +37,14 @@ _RICH_FRAME = re.compile(r"(?P<file>[^\s│╭╰].*?):(?P<line>\d+) in ?(?P<fun
 _RICH_ARROW = re.compile(r"❱\s*\d+\s*(?:│\s*)*(?P<code>.*)$")
 _IPYTHON_HEAD = re.compile(r"(?P<type>[A-Za-z_][\w.]*)\s{2,}Traceback \(most recent call last\)")
 _VSCODE_HEAD = re.compile(r"Exception has occurred: (?P<type>[A-Za-z_][\w.]*)\s*$")
+# Side stacks: anomaly mode's forward trace comes before its exception, Dynamo's traced user code after.
+FORWARD_CALL = "forward call"
+USER_CODE = "user code"
+_FORWARD_HEAD = "Traceback of forward call that caused the error"
+_FORWARD_HEAD_ANY = "Traceback of forward call"  # also "...that induced the previous calculation" (double backward)
+_USER_CODE_HEAD = "from user code:"
+# How many lines may separate a side stack from the exception it belongs to.
+SIDE_GAP_LINES = 60
 _CAUSE = "The above exception was the direct cause of the following exception"
 _CONTEXT = "During handling of the above exception, another exception occurred"
 
@@ -100,6 +114,19 @@ class _Stream:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _SideStack:
+    """A side stack read from the log, with its lines, kept until its exception is known."""
+
+    label: str
+    frames: list[Frame]
+    lines: list[LogLine]
+
+    @property
+    def end_number(self) -> int:
+        return self.lines[-1].number if self.lines else 0
+
+
 def parse_log(log: LogText) -> Incident:
     """Parse everything kept from a log into one Incident."""
     streams: list[_Stream] = []
@@ -129,11 +156,24 @@ class _TracebackScanner:
         self.lines = stream.lines
         self.depth = depth
         self.pending_link: str | None = None
+        # An anomaly-mode forward trace waiting for the exception printed after it.
+        self.pending_side: _SideStack | None = None
+        # The exception added last and the log line its message ended on (for Dynamo's "from user code:").
+        self.last_added: ExceptionInfo | None = None
+        self.last_end = 0
 
     def scan(self) -> None:
         lines, i = self.lines, 0
         while i < len(lines):
             text = lines[i].text
+            if _FORWARD_HEAD_ANY in text:
+                self.stream.context.append(lines[i])  # the warning line stays a log line
+                i = self._read_side_stack(i + 1, FORWARD_CALL if _FORWARD_HEAD in text else "")
+                continue
+            if _USER_CODE_HEAD in text and text.strip() == _USER_CODE_HEAD:
+                self.stream.context.append(lines[i])
+                i = self._read_side_stack(i + 1, USER_CODE)
+                continue
             if "Traceback" in text and text.startswith("╭") and _RICH_HEAD.match(text):
                 i = self._read_rich_traceback(i + 1)
                 continue
@@ -157,6 +197,31 @@ class _TracebackScanner:
             else:
                 self.stream.context.append(lines[i])
             i += 1
+        if self.pending_side is not None:
+            self.stream.context.extend(self.pending_side.lines)
+            self.pending_side = None
+
+    def _read_side_stack(self, i: int, label: str) -> int:
+        """Read the frames after a side stack's header and give them to their exception."""
+        frames, end = read_side_frames(self.lines, i)
+        if not frames:
+            return end
+        side = _SideStack(label, frames, self.lines[i:end])
+        if label == USER_CODE:
+            # Dynamo prints it after the message of the exception it belongs to.
+            target = self.last_added
+            if target is not None and not target.side_frames and side.lines[0].number - self.last_end <= SIDE_GAP_LINES:
+                target.side_frames, target.side_label = frames, label
+            else:
+                self.stream.context.extend(side.lines)
+        elif label == FORWARD_CALL:
+            # Anomaly mode warns before the traceback of the error raised in backward.
+            if self.pending_side is not None:
+                self.stream.context.extend(self.pending_side.lines)
+            self.pending_side = side
+        else:
+            self.stream.context.extend(side.lines)  # an earlier calculation's trace (double backward): plain log lines
+        return end
 
     def _read_vscode(self, i: int, exc_type: str) -> int:
         message: list[str] = []
@@ -257,11 +322,12 @@ class _TracebackScanner:
         if i < len(lines) and lines[i].record_start:
             lines[i] = LogLine(lines[i].text.lstrip(), lines[i].number, lines[i].rank, True)
         if i >= len(lines) or not _EXCEPTION_LINE.match(lines[i].text):
+            end_number = lines[i - 1].number if i > 0 else start_number
             if preset_type:
-                self._add(ExceptionInfo(preset_type, preset_message, frames, line_no=start_number), omitted)
+                self._add(ExceptionInfo(preset_type, preset_message, frames, line_no=start_number), omitted, end_number)
             elif frames:
                 # Cut off before the exception line: keep the frames, say so.
-                self._add(ExceptionInfo("", "", frames, line_no=start_number), omitted)
+                self._add(ExceptionInfo("", "", frames, line_no=start_number), omitted, end_number)
                 self.stream.notes.append(f"a traceback at line {start_number} is cut off before its exception line")
             return i
 
@@ -289,13 +355,23 @@ class _TracebackScanner:
         message = "\n".join(message_lines).strip("\n")
         if not message.strip() and preset_message:
             message = preset_message
-        self._add(ExceptionInfo(exc_type, message.strip(), frames, line_no=start_number), omitted)
+        self._add(ExceptionInfo(exc_type, message.strip(), frames, line_no=start_number), omitted, lines[i - 1].number)
         return i
 
-    def _add(self, exc: ExceptionInfo, omitted: int) -> None:
+    def _add(self, exc: ExceptionInfo, omitted: int, end_number: int) -> None:
         if len(self.stream.exceptions) >= MAX_EXCEPTIONS:
             return
         exc.link, self.pending_link = self.pending_link, None
+        side, self.pending_side = self.pending_side, None
+        if side is not None:
+            if (exc.line_no or 0) - side.end_number <= SIDE_GAP_LINES:
+                exc.side_frames, exc.side_label = side.frames, side.label
+            else:
+                self.stream.context.extend(side.lines)
+        if not exc.side_frames and _USER_CODE_HEAD in exc.message:
+            # A live exception's message, or a pasted one whose blank lines were lost, holds Dynamo's block.
+            exc.side_label, exc.side_frames = side_stack_in_text(exc.message)
+        self.last_added, self.last_end = exc, end_number
         exc.rank = self.lines[0].rank if self.lines else None
         if omitted:
             self.stream.notes.append(f"{exc.type or 'a traceback'}: {omitted} frames not shown")
@@ -321,6 +397,54 @@ class _TracebackScanner:
         outer.wrapper = True
         self.stream.exceptions.extend(inner.exceptions)
         self.stream.notes.extend(inner.notes)
+
+
+def read_side_frames(lines: list[LogLine], i: int) -> tuple[list[Frame], int]:
+    """The `File "...", line N, in f` frames of a side stack starting at `i`, each with its code line.
+
+    Stricter than a traceback: a frame takes one code line, indented deeper than its `File` line, and
+    carets; anything else ends the stack, so the warning's own lines after it (`(Triggered internally
+    at ...)`, the source line of the warning) are not read as code. Returns the frames and the index
+    after them.
+    """
+    head: list[Frame] = []
+    tail: deque[Frame] = deque(maxlen=MAX_FRAMES_TAIL)
+    frame: Frame | None = None
+    indent = 0
+    while i < len(lines):
+        text = lines[i].text
+        match = _FRAME.match(text)
+        if match:
+            frame = _frame(match.group("file"), match.group("line"), match.group("func") or "<module>")
+            (head if len(head) < MAX_FRAMES_HEAD else tail).append(frame)
+            indent = len(text) - len(text.lstrip())
+            i += 1
+            continue
+        stripped = text.strip()
+        if frame is None or not stripped or len(text) - len(text.lstrip()) <= indent:
+            break
+        if _CARETS.match(text):
+            i += 1
+            continue
+        if frame.code is not None:
+            break
+        frame.code = stripped
+        i += 1
+    return head + list(tail), i
+
+
+def side_stack_in_text(text: str) -> tuple[str, list[Frame]]:
+    """The side stack inside one text, as (label, frames): a Dynamo message's "from user code:" block, or
+    anomaly mode's warning with its forward trace. ("", []) when there is none."""
+    for label, header in ((USER_CODE, _USER_CODE_HEAD), (FORWARD_CALL, _FORWARD_HEAD)):
+        at = text.rfind(header)
+        if at < 0:
+            continue
+        body = text[at:].split("\n")[1:]
+        frames, _ = read_side_frames([LogLine(line.rstrip("\r"), number) for number, line in enumerate(body)], 0)
+        if frames:
+            return label, frames
+    return "", []
 
 
 def _frame(file: str, line: str | None, function: str) -> Frame:

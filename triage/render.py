@@ -19,8 +19,17 @@ def _location(report: Report) -> str:
     exc = report.incident.exception
     if exc is None:
         return ""
-    frame = exc.user_frame()
+    frame = exc.user_frame() or exc.side_user_frame()
     return frame.where if frame else ""
+
+
+def _side_location(report: Report) -> tuple[str, str]:
+    """The user's line in the stack printed beside the traceback, when the location does not already show it."""
+    exc = report.incident.exception
+    side = exc.side_user_frame() if exc is not None else None
+    if side is None or exc.user_frame() is None:
+        return "", ""
+    return exc.side_label or "side stack", side.where
 
 
 def _observation(report: Report) -> str:
@@ -46,6 +55,9 @@ def to_markdown(report: Report) -> str:
     where = _location(report)
     if where:
         lines.append(f"**Where:** `{where}`")
+    label, side_where = _side_location(report)
+    if side_where:
+        lines.append(f"**{label[0].upper()}{label[1:]}:** `{side_where}`")
     lines.append("")
     if not report.diagnoses:
         lines += ["No rule in the knowledge base matched this failure.", ""]
@@ -85,6 +97,9 @@ def terminal_lines(report: Report) -> list[Line]:
     where = _location(report)
     if where:
         lines.append([(f"  at {where}", "")])
+    label, side_where = _side_location(report)
+    if side_where:
+        lines.append([(f"  {label} at {side_where}", "")])
     if not report.diagnoses:
         lines += [[("", "")], [("No rule in the knowledge base matched this failure.", "")]]
         lines.append([("Run with --format json for the parsed incident; add a team rule with `triage rules new`.", "")])

@@ -20,7 +20,7 @@ from typing import Any
 from ..incident import ExceptionInfo, Frame, Incident, is_user_path
 from ..probes.context import ProbeContext
 from .environment import environment, launcher_rank
-from .frames import user_traceback
+from .frames import is_hidden_file, user_traceback
 from .secrets import SCRUBBED, is_secret_name, scrub_text
 from .summarize import summarize, summarize_loader, summarize_module, summarize_optimizer
 
@@ -68,9 +68,11 @@ def capture_exception(
             frames=_frames(traceback_of[id(member)]) + _syntax_error_frame(member),
             link=link,
         )
+        _attach_user_code(info)
         pairs.append((member, info))
         infos.append(info)
         infos.extend(_unwrap_worker(info))
+    _attach_forward_trace(infos, log_lines or [])
     poisoned = cuda_poisoned([info.message for info in infos])
     candidates = [e for e in infos if not e.wrapper and e.type and e.short_type not in _WRAPPER_TYPES]
     root = candidates[0] if candidates else infos[-1]
@@ -162,6 +164,37 @@ def _syntax_error_frame(exc: BaseException) -> list[Frame]:
         return []
     code = (exc.text or "").strip() or None
     return [Frame(file=exc.filename, line=exc.lineno, function="<module>", code=code, user=is_user_path(exc.filename))]
+
+
+def _attach_user_code(info: ExceptionInfo) -> None:
+    """Dynamo ends the message of an error raised while tracing with the user's code ("from user code:")."""
+    if "from user code:" in info.message:
+        from ..logparse import side_stack_in_text
+
+        info.side_label, info.side_frames = side_stack_in_text(info.message)
+
+
+def _attach_forward_trace(infos: list[ExceptionInfo], warnings: list[str]) -> None:
+    """Anomaly mode warns with the forward call's stack just before backward raises: give it to that error."""
+    trace = next((line for line in reversed(warnings) if "Traceback of forward call that caused the error" in line), None)
+    if trace is None:
+        return
+    from ..logparse import FORWARD_CALL, side_stack_in_text
+
+    label, frames = side_stack_in_text(trace)
+    frames = [frame for frame in frames if not is_hidden_file(frame.file)]  # the runner's and runpy's
+    if label != FORWARD_CALL or not frames:
+        return
+    for info in infos:
+        # The error anomaly mode reported is raised by the autograd engine, under backward() or grad().
+        if not info.side_frames and any(_is_autograd_frame(frame) for frame in info.frames):
+            info.side_label, info.side_frames = label, frames
+            return
+
+
+def _is_autograd_frame(frame: Frame) -> bool:
+    path = frame.file.replace("\\", "/")
+    return "/torch/autograd/" in path or (path.endswith("/torch/_tensor.py") and frame.function == "backward")
 
 
 def _unwrap_worker(outer: ExceptionInfo) -> list[ExceptionInfo]:

@@ -152,6 +152,9 @@ def _diagnosis(
     if matched_frame is not None and not matched_frame.user and exc is not None and exc.user_frame() is not None:
         matched_frame = exc.user_frame()
     frame = matched_frame or (exc.user_frame() if exc else None)
+    if frame is None and exc is not None:
+        # All of the traceback is library code (a compile error raised inside Dynamo): the side stack has the user's line.
+        frame = exc.side_user_frame()
     if frame is None and incident.exception is not None:
         frame = incident.exception.user_frame()
     context = template_context(incident, exc, frame, values)
@@ -185,13 +188,13 @@ def _diagnosis(
 
 def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame | None, values: dict[str, Any]) -> dict[str, Any]:
     """What a rule's templates can see: its captured values and plain fields of the incident."""
+    side = exc.side_user_frame() if exc else None
     context: dict[str, Any] = {
         "exception": {"type": exc.type, "message": exc.message, "headline": exc.headline} if exc else None,
-        "frame": (
-            {"file": frame.file, "line": frame.line, "function": frame.function, "code": frame.code or "", "where": frame.where}
-            if frame
-            else None
-        ),
+        "frame": _frame_values(frame) if frame else None,
+        # The innermost user frame of the stack printed beside the traceback: anomaly mode's forward
+        # line (label "forward call") or the line Dynamo was tracing (label "user code").
+        "side_frame": {**_frame_values(side), "label": exc.side_label} if side and exc else None,
         "location": frame.where if frame else "",
         "rank": exc.rank if exc and exc.rank is not None else incident.rank,
         "worker": exc.worker if exc and exc.worker is not None else incident.worker,
@@ -205,13 +208,21 @@ def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame
     return context
 
 
+def _frame_values(frame: Frame) -> dict[str, Any]:
+    return {"file": frame.file, "line": frame.line, "function": frame.function, "code": frame.code or "", "where": frame.where}
+
+
 def _evidence(incident: Incident, exc: ExceptionInfo | None, frame: Frame | None, values: dict[str, Any]) -> list[str]:
     evidence = []
     if exc is not None and exc.type:
         evidence.append(_clip(exc.headline))
-    if frame is not None:
+    side = exc.side_user_frame() if exc is not None else None
+    if frame is not None and frame is not side:
         code = f": {frame.code}" if frame.code else ""
         evidence.append(_clip(f"raised at {frame.where}{code}"))
+    if side is not None and exc is not None:
+        code = f": {side.code}" if side.code else ""
+        evidence.append(_clip(f"{exc.side_label or 'side stack'} at {side.where}{code}"))
     if values.get("log_match"):
         evidence.append(_clip(f"log: {values['log_match'].strip()}"))
     worker = exc.worker if exc and exc.worker is not None else incident.worker

@@ -27,7 +27,7 @@ from jinja2.sandbox import (
 
 # Names every template may use besides the rule's own regex groups.
 CONTEXT_NAMES = frozenset(
-    {"exception", "frame", "location", "rank", "worker", "kind", "signal", "exit_code", "facts", "log_match"}
+    {"exception", "frame", "side_frame", "location", "rank", "worker", "kind", "signal", "exit_code", "facts", "log_match"}
 )
 
 

@@ -24,6 +24,9 @@ from .channel import DUMP_SIGNAL, ENVIRONMENT, HEARTBEAT, HEARTBEAT_SIZE, PHASE_
 
 SAMPLE_SECONDS = 0.25
 MAX_WARNINGS = 20
+MAX_WARNING_CHARS = 1000
+# Anomaly mode's warning carries the forward call's whole stack, innermost (the line that matters) last.
+MAX_STACK_WARNING_CHARS = 8000
 MAX_WORKER_ENTRIES = 256
 
 
@@ -339,12 +342,31 @@ class WarningRecorder:
         @functools.wraps(original)
         def showwarning(message, category, filename, lineno, file=None, line=None):
             try:
-                lines.append(f"{filename}:{lineno}: {getattr(category, '__name__', category)}: {message}"[:1000])
+                lines.append(_clip_warning(f"{filename}:{lineno}: {getattr(category, '__name__', category)}: {message}"))
             except Exception:
                 pass
             return original(message, category, filename, lineno, file, line)
 
         warnings.showwarning = showwarning
+
+
+def _clip_warning(text: str) -> str:
+    """A warning kept for the report; one carrying a stack keeps its first line and its innermost frames."""
+    if len(text) <= MAX_WARNING_CHARS:
+        return text
+    if '  File "' not in text:
+        return text[:MAX_WARNING_CHARS]
+    lines = text.split("\n")
+    head, tail, size = lines[0][:MAX_WARNING_CHARS], [], 0
+    for line in reversed(lines[1:]):
+        size += len(line) + 1
+        if size > MAX_STACK_WARNING_CHARS - len(head):
+            break
+        tail.append(line)
+    tail.reverse()
+    while tail and not tail[0].lstrip().startswith('File "'):
+        tail.pop(0)  # start at a frame, so the stack left reads as one
+    return "\n".join([head, *tail])
 
 
 def _attempt(call, default: Any = None) -> Any:
