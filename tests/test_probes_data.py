@@ -18,6 +18,7 @@ from triage.probes.context import ProbeContext
 from triage.probes.save_batch import save_batch
 from triage.probes.workers0_rerun import workers0_rerun
 from triage.replay import ReplayError, feed_first, load_replay
+from triage import tracking
 from triage.tracking import Tracker
 from triage.wrapper import track
 
@@ -166,9 +167,13 @@ def test_save_batch_falls_back_to_the_failing_calls_arguments(tmp_path):
     assert torch.equal(load_replay(tmp_path).batch["args"][0], torch.ones(2, 2))
 
 
-def test_save_batch_skips_without_a_batch_or_a_folder(tmp_path):
+def test_save_batch_skips_without_a_batch_or_a_folder(tmp_path, monkeypatch):
     assert save_batch(ProbeContext(incident=Incident(), batch=torch.ones(1))).status == "skipped"
-    assert save_batch(ProbeContext(incident=Incident(), report_dir=tmp_path)).status == "skipped"
+    skipped = save_batch(ProbeContext(incident=Incident(), report_dir=tmp_path))
+    assert skipped.status == "skipped" and "use `triage.track(loader)`" in skipped.detail
+    monkeypatch.setattr(tracking, "capture_owner", "runner")  # the runner follows every DataLoader itself
+    skipped = save_batch(ProbeContext(incident=Incident(), report_dir=tmp_path))
+    assert skipped.detail == "no batch known, and no model call failed: no DataLoader yielded a batch in this run"
     with pytest.raises(ReplayError, match="no saved batch"):
         load_replay(tmp_path)
 

@@ -39,6 +39,8 @@ class CaseResult:
     categories: list[str] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)
     missing_facts: list[str] = field(default_factory=list)
+    # The experiments the leading diagnosis named, as (probe, status, detail): a live run's only.
+    probes: list[tuple[str, str, str]] = field(default_factory=list)
     expected_exit: int | None = None
     exit_code: int | None = None
     seconds: float = 0.0
@@ -163,6 +165,7 @@ def _fill(result: CaseResult, diagnoses: list[dict[str, Any]], expectation: dict
         lead = diagnoses[0]
         text = " ".join([lead["title"], lead["hypothesis"], lead["fix"], lead.get("confirm", ""), *lead.get("evidence", [])])
         text += " " + " ".join(p.get("detail", "") for p in lead.get("probes", []))
+        result.probes = [(p["name"], p["status"], p.get("detail", "")) for p in lead.get("probes", [])]
         result.missing_facts = [str(fact) for fact in expectation.get("facts", []) if str(fact) not in text]
     else:
         result.missing_facts = [str(fact) for fact in expectation.get("facts", [])]
@@ -215,6 +218,7 @@ def format_table(results: list[CaseResult]) -> str:
     if any(r.kind == "script" for r in results):
         scripts = score([r for r in results if r.kind == "script"])
         lines.append(f"script exit-status parity: {scripts.exit_parity:.1%}")
+        lines += _probe_lines([r for r in results if r.kind == "script"])
     misses = [r for r in results if not r.ok]
     if misses:
         lines.append("")
@@ -232,6 +236,19 @@ def format_table(results: list[CaseResult]) -> str:
                 reasons.append(r.error)
             lines.append(f"  {r.path}: {'; '.join(reasons)}")
     return "\n".join(lines)
+
+
+def _probe_lines(results: list[CaseResult]) -> list[str]:
+    """How many of the experiments the leading diagnoses named confirmed their cause, and why the others did not."""
+    runs = [(r, name, status, detail) for r in results for name, status, detail in r.probes]
+    if not runs:
+        return []
+    confirmed = sum(status == "confirmed" for _r, _name, status, _detail in runs)
+    lines = [f"experiments named by the leading diagnosis: {confirmed} of {len(runs)} confirmed "
+             f"({confirmed / len(runs):.1%}), in {len({r.path for r, *_ in runs})} scripts"]
+    lines += [f"  {Path(r.path).name}: {name} {status}: {detail[:120]}"
+              for r, name, status, detail in runs if status != "confirmed"]
+    return lines
 
 
 def main(argv: list[str]) -> int:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
+from .. import tracking
 from ..diagnosis import ProbeResult
 from ..incident import is_user_path
 from .context import ProbeContext
@@ -401,3 +402,11 @@ def exception_line(exc: BaseException) -> str:
     """`IndexError: index out of range in self` (first line of the message)."""
     message = str(exc).strip().split("\n", 1)[0]
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def no_batch_hint() -> str:
+    """Why no batch is known, for a skipped probe: under the runner every DataLoader is followed, so the script
+    used none; in a script of one's own, the wrapper has to be told."""
+    if tracking.capture_owner == "runner":
+        return "no DataLoader yielded a batch in this run"
+    return "use `triage.track(loader)` or run under `python -m triage`"

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..diagnosis import ProbeResult
-from ._support import cuda_poisoned, describe, iter_tensors, readable, result, to_cpu
+from ._support import cuda_poisoned, describe, iter_tensors, no_batch_hint, readable, result, to_cpu
 from .context import ProbeContext
 
 NAME = "save_batch"
@@ -72,11 +72,7 @@ def save_batch(ctx: ProbeContext) -> ProbeResult:
         kwargs = ctx.model_kwargs if ctx.model_args is not None else ctx.module_kwargs
         batch, source = {"args": tuple(args), "kwargs": dict(kwargs or {})}, "the failing call's arguments"
     if batch is None:
-        from ..tracking import capture_owner
-
-        if capture_owner == "runner":  # the runner follows every DataLoader: this script uses none
-            return result(NAME, "skipped", "no batch known: no DataLoader yielded one and no model call failed")
-        return result(NAME, "skipped", "no batch known: use `triage.track(loader)` or run under `python -m triage`")
+        return result(NAME, "skipped", f"no batch known, and no model call failed: {no_batch_hint()}")
     poisoned = cuda_poisoned(ctx)
     dropped: list[str] = []
     plain = _plain(batch, "batch", poisoned, dropped)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._support import Inputs, ModuleCopy, Unavailable, cpu_copy, cpu_inputs, iter_tensors, module_names
+from ._support import Inputs, ModuleCopy, Unavailable, cpu_copy, cpu_inputs, iter_tensors, module_names, no_batch_hint
 from .context import ProbeContext
 
 _TARGET_KEYS = ("labels", "label", "targets", "target", "y", "mask_labels", "class_labels")
@@ -115,7 +115,7 @@ def _why_nothing_to_run(ctx: ProbeContext) -> str:
     if ctx.model is None and ctx.module is None:
         return "no live model: run under `python -m triage` or `triage.watch(model=...)`"
     if ctx.batch is None:
-        return "the model's inputs are unknown: no recorded call and no batch (use `triage.track(loader)`)"
+        return f"the model's inputs are unknown: the failure came outside a model call ({no_batch_hint()})"
     return "the model's inputs cannot be built from the batch"
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..diagnosis import ProbeResult
-from ._support import exception_line, innermost_user_frame, iter_tensors, preserved_state, result, where
+from ._support import exception_line, innermost_user_frame, iter_tensors, no_batch_hint, preserved_state, result, where
 from .context import ProbeContext
 
 NAME = "workers0_rerun"
@@ -90,7 +90,7 @@ _SHARED_MEMORY_DEATH = re.compile(r"bus error|shared memory|shm", re.IGNORECASE)
 def workers0_rerun(ctx: ProbeContext) -> ProbeResult:
     source = _source(ctx.loader)
     if source is None:
-        return result(NAME, "skipped", "no live DataLoader: use `triage.track(loader)` or run under `python -m triage`")
+        return result(NAME, "skipped", f"no live DataLoader: {no_batch_hint()}")
     killed = _refetch_unsafe(ctx)
     if killed:
         return result(NAME, "skipped", f"a worker died ({killed}); fetching its samples in this process could kill it too")
