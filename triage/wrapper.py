@@ -95,7 +95,7 @@ def diagnose_live(incident: Any, exception: BaseException | None, tracker: Track
     return report
 
 
-def _rerun_commands(report_dir: Path) -> str | None:
+def _rerun_commands(report_dir: Path) -> dict[str, str | None] | None:
     """How to re-run this script under triage; None in a notebook or `python -c`, which have no script to name."""
     from .replay import rerun_commands
 
