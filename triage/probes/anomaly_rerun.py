@@ -21,6 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..diagnosis import ProbeResult
 from ..incident import is_user_path
+from ..logparse import side_stack_in_text
 from ._support import (Unavailable, cuda_poisoned, exception_line, iter_tensors, preserved_state, result,
                        tracker_paused)
 from .context import ProbeContext
@@ -35,8 +36,6 @@ _INPLACE_FLAG = {"relu", "relu6", "leaky_relu", "elu", "selu", "celu", "hardtanh
 _VERSION_ERROR = re.compile(r"\[torch\.\w+ \[(?P<shape>[\d, ]*)\]\], which is output (?P<index>\d+) of "
                             r"(?P<producer>\w+?)(?:Backward\d*)?, is at version (?P<version>\d+)")
 _NAN_BACKWARD = re.compile(r"Function '(?P<fn>\w+)' returned nan values in its (?P<index>\d+)th output")
-_FORWARD_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n(?P<code>[^\n]*)',
-                            re.MULTILINE)
 
 
 def _user_site() -> str:
@@ -193,12 +192,12 @@ def _replay(step: Step) -> Observed:
 
 def _forward_line(anomaly_trace: str) -> str:
     """The innermost user frame of anomaly mode's 'Traceback of forward call', inside the replayed call."""
+    frames = side_stack_in_text(anomaly_trace)[1]
+    starts = [i for i, frame in enumerate(frames) if frame.file.replace("\\", "/").endswith(_REPLAY_BOUNDARY)]
     found = ""
-    frames = list(_FORWARD_FRAME.finditer(anomaly_trace))
-    starts = [i for i, m in enumerate(frames) if m["file"].replace("\\", "/").endswith(_REPLAY_BOUNDARY)]
-    for match in frames[starts[-1] + 1 if starts else 0:]:
-        if is_user_path(match["file"]) and "/triage/" not in match["file"].replace("\\", "/"):
-            found = f"{match['file']}:{match['line']} in {match['func']}: `{match['code'].strip()}`"
+    for frame in frames[starts[-1] + 1 if starts else 0:]:
+        if is_user_path(frame.file) and "/triage/" not in frame.file.replace("\\", "/"):
+            found = f"{frame.where}: `{(frame.code or '').strip()}`"
     return found
 
 
