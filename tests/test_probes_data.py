@@ -163,8 +163,11 @@ def test_save_batch_falls_back_to_the_failing_calls_arguments(tmp_path):
     ctx = ProbeContext(incident=Incident(source="run"), report_dir=tmp_path, model_args=(torch.ones(2, 2),))
     outcome = save_batch(ctx)
     assert outcome.status == "confirmed"
-    assert "from the failing call's arguments" in outcome.detail
-    assert torch.equal(load_replay(tmp_path).batch["args"][0], torch.ones(2, 2))
+    assert "saved the failing call's arguments" in outcome.detail
+    saved = torch.load(tmp_path / "step_inputs.pt", weights_only=True)
+    assert torch.equal(saved["batch"]["args"][0], torch.ones(2, 2))
+    with pytest.raises(ReplayError, match="not a DataLoader's batch"):  # no DataLoader to feed them to
+        load_replay(tmp_path)
 
 
 def test_save_batch_skips_without_a_batch_or_a_folder(tmp_path, monkeypatch):
@@ -173,7 +176,8 @@ def test_save_batch_skips_without_a_batch_or_a_folder(tmp_path, monkeypatch):
     assert skipped.status == "skipped" and "use `triage.track(loader)`" in skipped.detail
     monkeypatch.setattr(tracking, "capture_owner", "runner")  # the runner follows every DataLoader itself
     skipped = save_batch(ProbeContext(incident=Incident(), report_dir=tmp_path))
-    assert skipped.detail == "no batch known, and no model call failed: no DataLoader yielded a batch in this run"
+    assert skipped.detail == ("no batch known, and no model call failed: no DataLoader yielded a batch in this run; "
+                              "no live frame of the user's code to read the failing loop from")
     with pytest.raises(ReplayError, match="no saved batch"):
         load_replay(tmp_path)
 

@@ -109,7 +109,6 @@ def test_cpu_rerun_skips_without_a_live_model():
 
 def test_cpu_rerun_skips_a_model_over_the_copy_limit(monkeypatch, tmp_path):
     monkeypatch.setattr(_support, "MAX_COPY_BYTES", 100)
-    monkeypatch.setattr(_support.cpu_copy, "__defaults__", (100, "cpu"))
     model = TextModel()
     ctx = _cuda_context(model, (torch.tensor([[1, 2]]), torch.tensor([0])), tmp_path)
     outcome = cpu_rerun(ctx)

@@ -55,12 +55,15 @@ def load_replay(directory: str | Path) -> Replay:
     """The saved batch of a report folder (or of a batch.pt file given directly)."""
     import torch
 
-    from .probes.save_batch import FILENAME, FORMAT
+    from .probes.save_batch import FILENAME, FORMAT, INPUTS_FILENAME
 
     path = Path(directory)
     if path.is_dir():
         path = path / FILENAME
     if not path.is_file():
+        if (path.parent / INPUTS_FILENAME).is_file():
+            raise ReplayError(f"{path.parent} holds the failing step's inputs ({INPUTS_FILENAME}), not a DataLoader's "
+                              f"batch: there is nothing to feed them to")
         raise ReplayError(f"{path}: no saved batch (the save_batch probe writes it when a run fails with a batch)")
     try:
         payload = torch.load(path, weights_only=True)

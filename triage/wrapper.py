@@ -660,8 +660,8 @@ def auto_track(tracker: Tracker | None = None, on_nan: str = "report") -> Callab
     hook_of: dict[int, Callable[[Any, Any, Any], None]] = {}
 
     def before_step(optimizer, args, kwargs):
-        if t.watch_active:
-            return  # watch() follows this loop itself
+        if t.watch_active or t.suspended:
+            return  # watch() follows this loop itself; a probe's replay is not the user's step
         hook = hook_of.get(id(optimizer))
         if hook is None:
             hook = hook_of[id(optimizer)] = monitor.step_hook([p for g in optimizer.param_groups for p in g["params"]], t)

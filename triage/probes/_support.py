@@ -328,20 +328,23 @@ class ModuleCopy:
     note: str
 
 
-def cpu_copy(module: nn.Module, poisoned: bool, max_bytes: int = MAX_COPY_BYTES, device: str = "cpu") -> ModuleCopy:
+def cpu_copy(module: nn.Module, poisoned: bool, max_bytes: int | None = None, device: str = "cpu",
+             memo: dict[int, Any] | None = None) -> ModuleCopy:
     """A deep copy of `module` with every parameter, buffer and tensor attribute on `device`.
 
     Tensors are mapped straight to the target device through deepcopy's memo, so a
     CUDA model is never duplicated on the GPU. On a poisoned device (or on `meta`)
     the weights cannot be read: the copy gets zeros of the same shapes, which is
     enough to replay index and shape errors. triage's own hooks are dropped from
-    the copy so that probe runs never feed the live Tracker.
+    the copy so that probe runs never feed the live Tracker. Copies made with one
+    `memo` share what their originals share.
     """
+    max_bytes = MAX_COPY_BYTES if max_bytes is None else max_bytes
     size = module_bytes(module)
     if device != "meta" and size > max_bytes:
         raise Unavailable(f"the model has {size / 1024**3:.1f} GB of parameters and buffers, over the "
                           f"{max_bytes / 1024**3:.0f} GB a probe copies")
-    memo: dict[int, Any] = {}
+    memo = {} if memo is None else memo
     zeros = False
 
     def clone(tensor: torch.Tensor) -> torch.Tensor:

@@ -10,13 +10,15 @@ invalidated.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..diagnosis import ProbeResult
@@ -24,13 +26,14 @@ from ..incident import is_user_path
 from ..logparse import side_stack_in_text
 from ._support import (Unavailable, cuda_poisoned, exception_line, iter_tensors, preserved_state, result,
                        tracker_paused)
+from . import source_step
 from .context import ProbeContext
 from .step import Step, call, first_tensor, rebuild
 
 NAME = "anomaly_rerun"
 _INPLACE_DUNDERS = {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__ipow__", "__iand__",
                     "__ior__", "__ixor__", "__imatmul__", "__setitem__"}
-_REPLAY_BOUNDARY = "triage/probes/step.py"
+_REPLAY_BOUNDARY = ("triage/probes/step.py", "triage/probes/source_step.py")  # where replayed code is called
 _INPLACE_FLAG = {"relu", "relu6", "leaky_relu", "elu", "selu", "celu", "hardtanh", "threshold", "rrelu", "silu",
                  "hardswish", "hardsigmoid", "mish", "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout"}
 _VERSION_ERROR = re.compile(r"\[torch\.\w+ \[(?P<shape>[\d, ]*)\]\], which is output (?P<index>\d+) of "
@@ -86,9 +89,15 @@ class OpLog(TorchFunctionMode):
                    or kwargs.get("inplace") is True or (name in _INPLACE_FLAG and len(args) >= 2 and args[-1] is True)
                    or "out" in kwargs)
         if inplace and tensors_in:
-            target = kwargs.get("out") if isinstance(kwargs.get("out"), torch.Tensor) else tensors_in[0]
-            self.writes.append((target, name, _user_site()))
-            self.keep.append(target)
+            if isinstance(kwargs.get("out"), torch.Tensor):
+                targets = [kwargs["out"]]
+            elif args and isinstance(args[0], (list, tuple)):  # a _foreach_ op writes every tensor of its first list
+                targets = [t for t in args[0] if isinstance(t, torch.Tensor)]
+            else:
+                targets = tensors_in[:1]
+            site = _user_site()
+            self.writes += [(target, name, site) for target in targets]
+            self.keep += targets
         elif isinstance(out, torch.Tensor):
             self.producers.setdefault(id(out), (name, _user_site()))
             self.keep.append(out)
@@ -107,12 +116,37 @@ def anomaly_rerun(ctx: ProbeContext) -> ProbeResult:
     try:
         step = rebuild(ctx, poisoned)
     except Unavailable as exc:
-        return result(NAME, "skipped", str(exc))
+        return _rerun_from_source(ctx, poisoned, str(exc))
     if step.model is None and step.failing_call is None:
         return result(NAME, "skipped", "no module to replay")
+    root = step.model.module if step.model else step.failing_call.fn
+    weights = "" if step.model is None or step.model.real_weights else f" ({step.model.note})"
     with preserved_state(), tracker_paused():
-        observed = _replay(step)
-    return _verdict(ctx, step, observed)
+        observed = _replay([("", root)], lambda seen, log: _run_rebuilt(step, seen, log))
+    return _verdict(ctx, observed, weights)
+
+
+def _rerun_from_source(ctx: ProbeContext, poisoned: bool, why_not_rebuilt: str) -> ProbeResult:
+    """The failing loop's own statements, replayed on copies, when the model's inputs are unknown."""
+    try:
+        source = source_step.find(ctx.frames)
+        with preserved_state(), tracker_paused():
+            namespace, modules = source.namespace(poisoned)
+            if not modules:
+                raise Unavailable(f"the step at {source.where} uses no module")
+
+            def run(seen: Observed, log: OpLog) -> None:
+                seen.stage = "step"
+                with log:
+                    source.run(namespace)
+
+            observed = _replay([(name, copied.module) for name, copied in modules], run)
+    except Unavailable as exc:
+        return result(NAME, "skipped", f"{why_not_rebuilt}; {exc}")
+    observed.replayed = f"the step at {source.where}"
+    unread = [copied.note for _, copied in modules if not copied.real_weights]
+    weights = f" ({unread[0]})" if unread else ""
+    return _verdict(ctx, observed, weights)
 
 
 @dataclass
@@ -127,14 +161,43 @@ class Observed:
     nonfinite_grads: list[str] = field(default_factory=list)
     loss_value: float | None = None
     stand_in_loss: bool = False
+    replayed: str = "forward, loss and backward"
+    parameter_names: dict[int, str] = field(default_factory=dict)
 
 
-def _replay(step: Step) -> Observed:
+def _run_rebuilt(step: Step, seen: Observed, log: OpLog) -> None:
+    """Forward, loss and backward of a step rebuilt from its calls."""
+    first = step.model_call or step.failing_call
+    seen.stage = "forward"
+    with log:
+        output = call(first)
+        loss = None
+        if step.loss_call is not None and first is step.model_call:
+            seen.stage = "loss"
+            try:
+                loss = call(step.loss_call, output)
+            except Unavailable:
+                loss = None
+        if loss is None:
+            main = first_tensor(output)
+            if main is None or not main.requires_grad:
+                raise Unavailable("the output does not require grad: nothing to backpropagate")
+            loss = main.float().sum()
+            seen.stand_in_loss = True
+    seen.loss_value = float(loss.detach()) if loss.numel() == 1 else None
+    seen.stage = "backward"
+    loss.backward()
+
+
+def _replay(roots: list[tuple[str, nn.Module]], run: Callable[[Observed, OpLog], None]) -> Observed:
+    """run(seen, log) under anomaly detection, with the roots' modules watched for non-finite outputs."""
     seen = Observed()
-    root = step.model.module if step.model else step.failing_call.fn
-    names = {id(m): n for n, m in root.named_modules()}
-    seen.nonfinite_params = [n for n, p in root.named_parameters()
-                             if p.is_floating_point() and not bool(torch.isfinite(p).all())]
+    names = {id(m): ".".join(p for p in (prefix, path) if p) for prefix, root in roots
+             for path, m in root.named_modules()}
+    parameters = [(".".join(p for p in (prefix, path) if p), param) for prefix, root in roots
+                  for path, param in root.named_parameters()]
+    seen.parameter_names = {id(param): name for name, param in parameters}
+    seen.nonfinite_params = [n for n, p in parameters if p.is_floating_point() and not bool(torch.isfinite(p).all())]
 
     def watch(module, args, output):
         if seen.first_module is None:
@@ -144,34 +207,15 @@ def _replay(step: Step) -> Observed:
                     seen.first_module = f"{path} ({type(module).__name__})" if path else type(module).__name__
                     break
 
-    handles = [m.register_forward_hook(watch) for m in root.modules()]
+    handles = [m.register_forward_hook(watch) for _, root in roots for m in root.modules()]
     log = OpLog()
     seen.log = log
-    first = step.model_call or step.failing_call
     try:
         with warnings.catch_warnings(record=True) as caught, torch.enable_grad():
             warnings.simplefilter("always")
             with torch.autograd.detect_anomaly(check_nan=True):
                 try:
-                    seen.stage = "forward"
-                    with log:
-                        output = call(first)
-                        loss = None
-                        if step.loss_call is not None and first is step.model_call:
-                            seen.stage = "loss"
-                            try:
-                                loss = call(step.loss_call, output)
-                            except Unavailable:
-                                loss = None
-                        if loss is None:
-                            main = first_tensor(output)
-                            if main is None or not main.requires_grad:
-                                raise Unavailable("the output does not require grad: nothing to backpropagate")
-                            loss = main.float().sum()
-                            seen.stand_in_loss = True
-                    seen.loss_value = float(loss.detach()) if loss.numel() == 1 else None
-                    seen.stage = "backward"
-                    loss.backward()
+                    run(seen, log)
                 except Unavailable:
                     raise
                 except Exception as exc:  # the finding
@@ -185,8 +229,7 @@ def _replay(step: Step) -> Observed:
             handle.remove()
     seen.first_op = log.first_nonfinite
     if seen.error is None:
-        seen.nonfinite_grads = [n for n, p in root.named_parameters()
-                                if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        seen.nonfinite_grads = [n for n, p in parameters if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
     return seen
 
 
@@ -205,13 +248,15 @@ def _stage_of(function: str) -> str:
     return "loss" if "Loss" in function or "loss" in function.lower() else "model"
 
 
-def _verdict(ctx: ProbeContext, step: Step, seen: Observed) -> ProbeResult:
+def _verdict(ctx: ProbeContext, seen: Observed, weights: str) -> ProbeResult:
     category = getattr(ctx.diagnosis, "category", None) or ("nan" if ctx.incident.kind == "nan" else None)
     facts: dict[str, Any] = {"stage": seen.stage, "first_nonfinite_op": seen.first_op,
                              "first_nonfinite_module": seen.first_module,
                              "nonfinite_parameters": seen.nonfinite_params[:20],
                              "nonfinite_gradients": seen.nonfinite_grads[:20], "loss": seen.loss_value}
-    weights = "" if step.model is None or step.model.real_weights else f" ({step.model.note})"
+    clean_weights = weights
+    if seen.stage == "step":
+        weights += f" (replayed {seen.replayed} on CPU copies)"
     error = seen.error
     if error is not None:
         facts["exception"] = type(error).__name__
@@ -227,41 +272,55 @@ def _verdict(ctx: ProbeContext, step: Step, seen: Observed) -> ProbeResult:
             status = "confirmed" if category in (None, "nan") else "inconclusive"
             return result(NAME, status, "; ".join(parts) + weights, **facts)
         if version:
-            detail = _inplace_detail(version, seen.log, forward)
+            detail = _inplace_detail(version, seen, forward)
             facts.update(forward_line=forward)
             status = "confirmed" if category in (None, "inplace", "autograd") else "inconclusive"
             return result(NAME, status, detail + weights, **facts)
         original = ctx.incident.exception
         same = original is not None and original.short_type == type(error).__name__
         where_ = f" (forward line {forward})" if forward else ""
-        return result(NAME, "confirmed" if same else "inconclusive",
-                      f"the replay raises {exception_line(error)} in the {seen.stage}{where_}{weights}", **facts)
+        raised = f"the replay raises {exception_line(error)} in the {seen.stage}{where_}"
+        if category == "nan":  # a guard of the user's (a NaN check, clip_grad_norm_) stopped the replayed step
+            raised = "; ".join(_nonfinite_findings(seen, with_gradients=False) + [raised])
+        return result(NAME, "confirmed" if same else "inconclusive", raised + weights, **facts)
     parts = _nonfinite_findings(seen, with_gradients=True)
     if parts:
         status = "confirmed" if category in (None, "nan") else "inconclusive"
         return result(NAME, status, "; ".join(parts) + weights, **facts)
-    loss = f"loss {seen.loss_value:.4g}" if seen.loss_value is not None else "the output"
-    stand_in = " (the output's sum stood in for the loss)" if seen.stand_in_loss else ""
-    clean = f"forward, loss and backward replay under anomaly detection without error: {loss}{stand_in}, " \
-            f"all gradients finite{weights}"
+    outcome = [f"loss {seen.loss_value:.4g}"] if seen.loss_value is not None else []
+    if outcome and seen.stand_in_loss:
+        outcome[0] += " (the output's sum stood in for the loss)"
+    clean = f"{seen.replayed} replay under anomaly detection without error: " \
+            f"{', '.join(outcome + ['all gradients finite'])}{clean_weights}"
     if category in ("nan", "inplace", "autograd"):
         return result(NAME, "refuted", clean, **facts)
     return result(NAME, "inconclusive", clean, **facts)
 
 
-def _inplace_detail(version: re.Match, log: OpLog | None, forward: str) -> str:
+def _inplace_detail(version: re.Match, seen: Observed, forward: str) -> str:
     shape = [int(s) for s in version["shape"].replace(" ", "").split(",") if s]
     producer = version["producer"].lower()
     needed = f"backward needs the output of {version['producer']} [{', '.join(map(str, shape))}]" \
              + (f", saved by the forward line {forward}" if forward else "")
+    log = seen.log
     if log is None:
         return needed
     candidates = [(t, name, site) for t, name, site in log.writes if list(t.shape) == shape]
+    if not candidates:  # saved as a view (a transposed weight, say): the same elements in another shape
+        candidates = [(t, name, site) for t, name, site in log.writes
+                      if sorted(t.shape) == sorted(shape) and t.numel() == math.prod(shape)]
     matching = [w for w in candidates if producer in log.producers.get(id(w[0]), ("", ""))[0].lower()]
-    chosen = (matching or candidates)
+    chosen = matching or candidates
     if not chosen:
         return f"{needed}; it was modified in place at version {version['version']}"
-    tensor, name, site = chosen[0]
+    # An optimizer's step writes its state (exp_avg) too; the saved tensor it broke is the parameter.
+    tensor, name, site = next((w for w in chosen if id(w[0]) in seen.parameter_names), chosen[0])
+    parameter = seen.parameter_names.get(id(tensor))
+    if parameter is not None:
+        return (f"the in-place {name} at {site or 'an unknown line'} updated the parameter {parameter} "
+                f"[{', '.join(map(str, tensor.shape))}] after the forward pass used it; {needed}. Update the "
+                f"parameters only after every backward() that goes through them, or run the forward pass again "
+                f"after the update")
     made_by, made_at = log.producers.get(id(tensor), (version["producer"], ""))
     made = f" (made by {made_by}" + (f" at {made_at})" if made_at else ")")
     return (f"the in-place {name} at {site or 'an unknown line'} modified the output of {version['producer']}"

@@ -18,6 +18,8 @@ class ProbeContext:
     last batch the DataLoader yielded (CPU). `model_args`/`model_kwargs` are the
     arguments of the model's last call and `loss_args`/`loss_kwargs` those of the
     loss function's (recorded by the wrapper, or read from the traceback).
+    `frames` are the user's live frames at the failure with their lines, innermost
+    last (source_step.py replays the failing loop's statements from them).
     `diagnosis` is the hypothesis being tested (set by the probe runner for each
     probe). Probes must not mutate any of these.
     """
@@ -45,6 +47,7 @@ class ProbeContext:
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
     diagnosis: Any = None
     total_time_s: float = 120.0
+    frames: list[tuple[Any, int]] = field(default_factory=list)
 
     @property
     def live(self) -> bool:

@@ -141,6 +141,7 @@ def context_from_failure(incident: Incident, exception: BaseException | None = N
     """
     from ..tracking import TRACKER
     from .calls import failing_calls
+    from .source_step import user_frames
 
     tracker = TRACKER if tracker is None else tracker
     outer, inner = failing_calls(exception)
@@ -148,7 +149,7 @@ def context_from_failure(incident: Incident, exception: BaseException | None = N
                        exception=exception, batch=tracker.batch, batch_index=tracker.batch_index, step=tracker.steps,
                        loader=tracker.loader or _loader_from_traceback(exception), optimizer=tracker.optimizer,
                        loss_fn=tracker.loss_fn, time_limit_s=time_limit_s, total_time_s=total_time_s,
-                       script=script, script_args=list(script_args or []))
+                       script=script, script_args=list(script_args or []), frames=user_frames(exception))
     model = tracker.model
     outer_is_loss = outer is not None and (outer.module is tracker.loss_fn or type(outer.module).__name__.endswith("Loss"))
     if model is None and outer is not None and not outer_is_loss:

@@ -2,7 +2,10 @@
 
 Written to `<report_dir>/batch.pt` as plain containers of CPU tensors (and ints,
 floats, strings), loadable with `torch.load(path, weights_only=True)`;
-`triage/replay.py` loads it for `python -m triage --replay DIR script.py`. The
+`triage/replay.py` loads it for `python -m triage --replay DIR script.py`. A loop
+fed by no DataLoader gets its failing step's inputs saved instead, to
+`step_inputs.pt`: the failing call's arguments, or the tensors the failing step
+reads (see source_step.py); a replay could not feed those to the script. The
 file is read back and compared before the probe says it is saved.
 """
 
@@ -16,12 +19,15 @@ from typing import Any
 import torch
 
 from ..diagnosis import ProbeResult
-from ._support import cuda_poisoned, describe, iter_tensors, no_batch_hint, readable, result, to_cpu
+from . import source_step
+from ._support import Unavailable, cuda_poisoned, describe, iter_tensors, no_batch_hint, readable, result, to_cpu
 from .context import ProbeContext
 
 NAME = "save_batch"
 FORMAT = "triage.batch/1"
-FILENAME = "batch.pt"
+FILENAME = "batch.pt"  # a DataLoader's batch: `--replay` feeds it to the script
+INPUTS_FILENAME = "step_inputs.pt"  # the failing step's inputs when no DataLoader gave them: loadable, not replayable
+SAVE_LIMIT_BYTES = 1024**3
 _PLAIN = (int, float, bool, str, bytes, type(None))
 
 
@@ -37,12 +43,20 @@ def rng_states(include_cuda: bool) -> dict[str, Any]:
     return states
 
 
-def _plain(obj: Any, path: str, poisoned: bool, dropped: list[str], depth: int = 0) -> Any:
-    """A copy of the batch made only of what weights_only loading accepts."""
+def _plain(obj: Any, path: str, poisoned: bool, dropped: list[str], depth: int = 0, budget: list[int] | None = None
+           ) -> Any:
+    """A copy of the batch made only of what weights_only loading accepts, within `budget` bytes of tensors."""
+    budget = [SAVE_LIMIT_BYTES] if budget is None else budget
     if isinstance(obj, torch.Tensor):
         if not readable(obj, poisoned):
             dropped.append(f"{path}: {describe(obj)} unreadable after the CUDA error")
             return None
+        size = obj.numel() * obj.element_size()
+        if size > budget[0]:
+            dropped.append(f"{path}: {describe(obj)} ({size / 1024**2:.0f} MB) over what is left of the "
+                           f"{SAVE_LIMIT_BYTES / 1024**2:.0f} MB saved")
+            return None
+        budget[0] -= size
         return to_cpu(obj)
     if isinstance(obj, _PLAIN):
         return obj
@@ -52,12 +66,12 @@ def _plain(obj: Any, path: str, poisoned: bool, dropped: list[str], depth: int =
     if isinstance(obj, dict) or (hasattr(obj, "items") and hasattr(obj, "keys")):
         if type(obj) is not dict:
             dropped.append(f"{path}: {type(obj).__name__} saved as a dict")
-        return {k if isinstance(k, _PLAIN) else str(k): _plain(v, f"{path}[{k!r}]", poisoned, dropped, depth + 1)
+        return {k if isinstance(k, _PLAIN) else str(k): _plain(v, f"{path}[{k!r}]", poisoned, dropped, depth + 1, budget)
                 for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         if isinstance(obj, tuple) and hasattr(obj, "_fields"):
             dropped.append(f"{path}: {type(obj).__name__} saved as a tuple")
-        items = [_plain(v, f"{path}[{i}]", poisoned, dropped, depth + 1) for i, v in enumerate(obj)]
+        items = [_plain(v, f"{path}[{i}]", poisoned, dropped, depth + 1, budget) for i, v in enumerate(obj)]
         return items if isinstance(obj, list) else tuple(items)
     dropped.append(f"{path}: {type(obj).__name__} not saved")
     return None
@@ -66,19 +80,18 @@ def _plain(obj: Any, path: str, poisoned: bool, dropped: list[str], depth: int =
 def save_batch(ctx: ProbeContext) -> ProbeResult:
     if ctx.report_dir is None:
         return result(NAME, "skipped", "no report folder to save into")
-    batch, source = ctx.batch, "the batch the DataLoader yielded"
-    if batch is None and (ctx.model_args is not None or ctx.module_args):
-        args = ctx.model_args if ctx.model_args is not None else tuple(ctx.module_args)
-        kwargs = ctx.model_kwargs if ctx.model_args is not None else ctx.module_kwargs
-        batch, source = {"args": tuple(args), "kwargs": dict(kwargs or {})}, "the failing call's arguments"
+    batch, source, filename = ctx.batch, "the batch the DataLoader yielded", FILENAME
     if batch is None:
-        return result(NAME, "skipped", f"no batch known, and no model call failed: {no_batch_hint()}")
+        batch, source, why_not = _step_inputs(ctx)
+        if batch is None:
+            return result(NAME, "skipped", f"no batch known, and no model call failed: {no_batch_hint()}; {why_not}")
+        filename = INPUTS_FILENAME  # not a DataLoader's batch: a replay would have nothing to feed it to
     poisoned = cuda_poisoned(ctx)
     dropped: list[str] = []
-    plain = _plain(batch, "batch", poisoned, dropped)
+    plain = _plain(batch, "batch", poisoned, dropped, budget=[SAVE_LIMIT_BYTES])
     payload = {"format": FORMAT, "batch": plain, "source": source, "batch_index": ctx.batch_index, "step": ctx.step,
                "rng": rng_states(include_cuda=not poisoned), "dropped": dropped}
-    path = Path(ctx.report_dir) / FILENAME
+    path = Path(ctx.report_dir) / filename
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(payload, path)
     loaded = torch.load(path, weights_only=True)
@@ -90,10 +103,31 @@ def save_batch(ctx: ProbeContext) -> ProbeResult:
     where = f"batch {ctx.batch_index}" if ctx.batch_index is not None else "the batch"
     step = f" (step {ctx.step})" if ctx.step is not None else ""
     lost = f"; not saved: {'; '.join(dropped[:3])}" if dropped else ""
-    detail = (f"saved {where}{step} from {source}: {shown or 'no tensors'}{more}, with the RNG states, to {path} "
-              f"({path.stat().st_size / 1024:.0f} KB); replay with `python -m triage --replay {path.parent} "
-              f"SCRIPT`{lost}")
+    size = f"({path.stat().st_size / 1024:.0f} KB)"
+    if filename == FILENAME:
+        saved = f"{where}{step} from {source}"
+        use = f"replay with `python -m triage --replay {path.parent} SCRIPT`"
+    else:
+        saved = f"{source}{step}"
+        use = f"load with `torch.load({str(path)!r}, weights_only=True)['batch']`"
+    detail = f"saved {saved}: {shown or 'no tensors'}{more}, with the RNG states, to {path} {size}; {use}{lost}"
     return result(NAME, "confirmed", detail, artifacts=[str(path)], tensors=len(tensors), dropped=dropped)
+
+
+def _step_inputs(ctx: ProbeContext) -> tuple[Any, str, str]:
+    """(inputs, where they came from, why there are none) when no DataLoader yielded the failing batch."""
+    if ctx.model_args is not None or ctx.module_args:
+        args = ctx.model_args if ctx.model_args is not None else tuple(ctx.module_args)
+        kwargs = ctx.model_kwargs if ctx.model_args is not None else ctx.module_kwargs
+        return {"args": tuple(args), "kwargs": dict(kwargs or {})}, "the failing call's arguments", ""
+    try:
+        step = source_step.find(ctx.frames)
+    except Unavailable as exc:
+        return None, "", str(exc)
+    inputs = step.inputs()
+    if not any(isinstance(value, torch.Tensor) for value in inputs.values()):
+        return None, "", f"the step at {step.where} reads no tensor from before it"
+    return inputs, f"the tensors the step at {step.where} reads", ""
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -127,6 +127,9 @@ def parse(argv: list[str]) -> RunOptions | None:
     if options.replay is not None:
         saved = options.replay if os.path.isfile(options.replay) else os.path.join(options.replay, "batch.pt")
         if not os.path.isfile(saved):
+            if os.path.isfile(os.path.join(options.replay, "step_inputs.pt")):
+                raise UsageError(f"--replay: {options.replay} holds the failing step's inputs (step_inputs.pt), not a "
+                                 f"DataLoader's batch, so there is nothing to feed them to; re-run the whole script")
             raise UsageError(f"--replay: {saved} does not exist (a failed run's report folder has it when the save_batch probe ran)")
     on_hang = _last(values, "--on-hang")
     if on_hang is not None:

@@ -1,0 +1,345 @@
+"""Rebuild the failing training step from the user's own source, for loops that feed tensors without a DataLoader.
+
+When a failure comes outside any model call (in `loss.backward()`, a NaN guard,
+`clip_grad_norm_`) and no DataLoader yielded a batch, the model's inputs are
+unknown; but the loop that failed is known, and its frame's locals still hold the
+failing iteration's tensors. This module takes the statements of the innermost
+loop body around the failing line, from the first one that touches a model, an
+optimizer or a function of the user's up to the failing one, and runs them again
+on copies: modules, optimizers (and what refers to them) deep-copied to the CPU
+through one memo, so that what the originals share the copies share; tensors
+cloned; the user's functions rebound to the copied names. The statements before
+the first model call (drawing the batch, say) are not re-run: their results are
+the failing iteration's own, read from the frame, so random draws stay as they
+were. The code keeps the user's file name and line numbers, so tracebacks,
+anomaly mode's forward trace and every observer name the user's lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import copy
+import io
+import linecache
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from ..incident import is_user_path
+from ._support import MAX_COPY_BYTES, ModuleCopy, Unavailable, cpu_copy, readable
+
+_LOOPS = (ast.For, ast.While)
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), range, torch.dtype, torch.device)
+_SHARED_TYPES = (types.ModuleType, type, types.BuiltinFunctionType, types.BuiltinMethodType)
+
+
+@dataclass
+class SourceStep:
+    """The failing step as statements of the user's file, with the frame whose locals feed them."""
+
+    filename: str
+    lines: tuple[int, int]  # first and last line of the replayed statements
+    failing_line: int
+    code: types.CodeType
+    frame: types.FrameType
+    reads: list[str]  # names the statements read from before the step, in order of first use
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        first, last = self.lines
+        return f"{self.filename}:{first}-{last}" if last > first else f"{self.filename}:{first}"
+
+    def inputs(self) -> dict[str, Any]:
+        """The tensors and numbers the step reads from the failing iteration (the batch, in a loop without a
+        DataLoader), by name; modules, optimizers and functions left out."""
+        values = self._values()
+        return {name: values[name] for name in self.reads
+                if name in values and isinstance(values[name], (torch.Tensor, int, float, bool))}
+
+    def namespace(self, poisoned: bool) -> tuple[dict[str, Any], list[tuple[str, ModuleCopy]]]:
+        """Globals to run the step in: the frame's names, with every value the step reaches copied."""
+        values = self._values()
+        copier = _Copier(poisoned)
+        namespace = dict(self.frame.f_globals)
+        wanted, seen = list(self.reads), set()
+        while wanted:
+            name = wanted.pop(0)
+            if name in seen or name not in values:
+                continue
+            seen.add(name)
+            value = values[name]
+            if _user_function(value):
+                wanted += _global_names(value.__code__)
+            namespace[name] = copier.copy(name, value)
+        for name, value in list(namespace.items()):
+            if _user_function(value) and value.__globals__ is self.frame.f_globals:
+                namespace[name] = _rebound(value, namespace)
+        return namespace, copier.modules
+
+    def run(self, namespace: dict[str, Any]) -> None:
+        """Run the statements; what they print is swallowed, what they raise propagates."""
+        with contextlib.redirect_stdout(io.StringIO()), torch.enable_grad():
+            exec(self.code, namespace)  # noqa: S102 - the user's own statements, on copies
+
+    def _values(self) -> dict[str, Any]:
+        values = dict(vars(builtins))
+        values.update(self.frame.f_globals)
+        values.update(self.frame.f_locals)
+        return values
+
+
+def user_frames(exception: BaseException | None) -> list[tuple[types.FrameType, int]]:
+    """The user's frames at the failure with the line each was at, innermost last: from the exception's traceback,
+    or (for an incident with no exception, found by a hook while the script runs) from the current stack."""
+    pairs = []
+    if exception is not None:
+        tb = exception.__traceback__
+        while tb is not None:
+            pairs.append((tb.tb_frame, tb.tb_lineno))
+            tb = tb.tb_next
+    else:
+        frame = sys._getframe(1)
+        while frame is not None:
+            pairs.append((frame, frame.f_lineno))
+            frame = frame.f_back
+        pairs.reverse()
+    return [(frame, line) for frame, line in pairs if _user_code(frame.f_code)]
+
+
+def find(frames: list[tuple[types.FrameType, int]]) -> SourceStep:
+    """The failing step of the innermost user frame whose failing line sits in a loop; Unavailable if none."""
+    if not frames:
+        raise Unavailable("no live frame of the user's code to read the failing loop from")
+    no_loop, in_loop = [], []
+    for frame, line in reversed(frames):
+        try:
+            return _step_in(frame, line)
+        except _NoLoop as exc:
+            no_loop.append(str(exc))
+        except Unavailable as exc:  # an outer loop may still do (a loop over layers inside forward failed here)
+            in_loop.append(str(exc))
+    raise Unavailable((in_loop or no_loop)[0])
+
+
+class _NoLoop(Unavailable):
+    """The failing line of a frame is in no loop of its function."""
+
+
+def _step_in(frame: types.FrameType, line: int) -> SourceStep:
+    filename = frame.f_code.co_filename
+    source = "".join(linecache.getlines(filename))
+    if not source:
+        raise Unavailable(f"the source of {filename} cannot be read")
+    try:
+        tree = ast.parse(source, filename)
+    except SyntaxError:
+        raise Unavailable(f"{filename} does not parse as it is now") from None
+    scope = _scope_of(tree, frame.f_code)
+    if scope is None:
+        raise Unavailable(f"{frame.f_code.co_name} is not found in {filename} as it is now")
+    loop = _innermost_loop(scope, line)
+    if loop is None:
+        raise _NoLoop(f"the failing line {filename}:{line} is in no loop of {frame.f_code.co_name}")
+    body = loop.body
+    index = next(i for i, stmt in enumerate(body) if stmt.lineno <= line <= stmt.end_lineno)
+    values = {**frame.f_globals, **frame.f_locals}
+    start = next((i for i, stmt in enumerate(body[:index]) if _touches_step(stmt, values)), index)
+    reads, stale = _reads(body[start:index + 1])
+    if stale:
+        start = 0  # the values the step reads were rebound after it began: run the whole iteration again
+        reads, stale = _reads(body[:index + 1])
+    if stale:
+        names = ", ".join(sorted(stale))
+        raise Unavailable(f"the loop reads {names} before it rebinds it: its value before the failing step is gone")
+    statements = body[start:index + 1]
+    for stmt in statements:
+        for node in _walk_scope(stmt):
+            if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom, ast.Await, ast.Global, ast.Nonlocal)):
+                raise Unavailable(f"the step has a `{type(node).__name__.lower()}` statement "
+                                  f"(line {node.lineno}), which cannot run outside its function")
+    once = ast.For(target=ast.Name("_triage_once", ast.Store()), iter=ast.Tuple([ast.Constant(0)], ast.Load()),
+                   body=statements, orelse=[])  # lets the body's own break/continue compile
+    ast.copy_location(once, statements[0])
+    module = ast.fix_missing_locations(ast.Module(body=[once], type_ignores=[]))
+    code = compile(module, filename, "exec").replace(co_name=frame.f_code.co_name)  # tracebacks say "in main"
+    return SourceStep(filename, (statements[0].lineno, statements[-1].end_lineno), line, code, frame, reads)
+
+
+def _scope_of(tree: ast.Module, code: types.CodeType) -> ast.AST | None:
+    """The function (or the module) whose code object `code` is."""
+    if code.co_name == "<module>":
+        return tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            if first == code.co_firstlineno:
+                return node
+    return None
+
+
+def _walk_scope(node: ast.AST) -> Iterator[ast.AST]:
+    """ast.walk that does not enter nested functions, lambdas or classes."""
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        yield current
+        todo.extend(child for child in ast.iter_child_nodes(current) if not isinstance(child, _SCOPES))
+
+
+def _innermost_loop(scope: ast.AST, line: int) -> ast.For | ast.While | None:
+    """The innermost for/while loop of `scope` (not of a nested function) whose body holds `line`."""
+    found = None
+    for node in _walk_scope(scope):
+        if isinstance(node, _LOOPS) and node.body[0].lineno <= line <= node.body[-1].end_lineno:
+            if found is None or node.lineno > found.lineno:
+                found = node
+    return found
+
+
+def _touches_step(stmt: ast.stmt, values: dict[str, Any]) -> bool:
+    """Whether a statement reads a module, an optimizer, a user function or an object of a user class."""
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in values:
+            value = values[node.id]
+            if isinstance(value, (nn.Module, torch.optim.Optimizer)) or _user_function(value) or _user_object(value):
+                return True
+    return False
+
+
+def _reads(statements: list[ast.stmt]) -> tuple[list[str], set[str]]:
+    """(names read before the statements bind them, in order; names read first and rebound later)."""
+    bound: set[str] = set()
+    reads: list[str] = []
+    for stmt in statements:
+        loads: list[str] = []
+        stores: set[str] = set()
+        _names(stmt, frozenset(), loads, stores)
+        reads += [name for name in loads if name not in bound and name not in reads]
+        bound |= stores
+    return reads, set(reads) & bound
+
+
+def _names(node: ast.AST, hidden: frozenset[str], loads: list[str], stores: set[str]) -> None:
+    """Names a statement reads and binds, leaving out those local to its comprehensions and lambdas."""
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+        hidden = hidden | {n.id for g in node.generators for n in ast.walk(g.target) if isinstance(n, ast.Name)}
+    elif isinstance(node, ast.Lambda):
+        hidden = hidden | {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
+    elif isinstance(node, ast.Name) and node.id not in hidden:
+        if isinstance(node.ctx, ast.Load):
+            loads.append(node.id)
+        else:
+            stores.add(node.id)
+    elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+        loads.append(node.target.id)
+    for child in ast.iter_child_nodes(node):
+        _names(child, hidden, loads, stores)
+
+
+def _user_code(code: types.CodeType) -> bool:
+    return is_user_path(code.co_filename) and "/triage/" not in code.co_filename.replace("\\", "/")
+
+
+def _user_function(value: Any) -> bool:
+    return isinstance(value, types.FunctionType) and _user_code(value.__code__)
+
+
+def _user_object(value: Any) -> bool:
+    module = getattr(type(value), "__module__", "") or ""
+    return module == "__main__" and not isinstance(value, type)
+
+
+def _global_names(code: types.CodeType) -> list[str]:
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names += _global_names(const)
+    return names
+
+
+def _rebound(function: types.FunctionType, namespace: dict[str, Any]) -> types.FunctionType:
+    """The same function reading its globals from the step's namespace (the copies)."""
+    clone = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__,
+                               function.__closure__)
+    clone.__kwdefaults__ = function.__kwdefaults__
+    clone.__dict__.update(function.__dict__)
+    return clone
+
+
+class _Copier:
+    """Copies values for the replay through one deepcopy memo: shared parameters stay shared, an optimizer's
+    copy updates the model copies' parameters, and CUDA tensors are copied straight to the CPU."""
+
+    def __init__(self, poisoned: bool) -> None:
+        self.poisoned = poisoned
+        self.memo: dict[int, Any] = {}
+        self.modules: list[tuple[str, ModuleCopy]] = []
+        self.bytes = 0
+
+    def copy(self, name: str, value: Any) -> Any:
+        if id(value) in self.memo:
+            return self.memo[id(value)]
+        if isinstance(value, _IMMUTABLE + _SHARED_TYPES):
+            return value
+        if callable(value) and not isinstance(value, (nn.Module, torch.optim.Optimizer)) and not _user_object(value):
+            return value  # functions (the user's are rebound to the copies afterwards)
+        if isinstance(value, nn.Module):
+            copied = cpu_copy(value, self.poisoned, memo=self.memo)
+            self.modules.append((name, copied))
+            return copied.module
+        if isinstance(value, torch.Tensor):
+            return self.tensor(value)
+        if isinstance(value, torch.optim.Optimizer):
+            for group in value.param_groups:
+                for param in group["params"]:
+                    self.tensor(param)
+            for state in value.state.values():
+                for item in state.values():
+                    if isinstance(item, torch.Tensor):
+                        self.tensor(item)
+            return self._deepcopy(name, value)
+        if type(value).__module__.startswith("torch.utils.data"):
+            raise Unavailable(f"the step uses {name} ({type(value).__name__}), which a replay would advance")
+        if isinstance(value, (types.GeneratorType, Iterator)):
+            raise Unavailable(f"the step uses {name} ({type(value).__name__}), which a replay would advance")
+        # What the object holds is copied first, so that deepcopy finds it in the memo (on the CPU).
+        items = value if isinstance(value, (list, tuple, set)) else value.values() if isinstance(value, dict) \
+            else getattr(value, "__dict__", {}).values()
+        for item in list(items):
+            if isinstance(item, (nn.Module, torch.optim.Optimizer, torch.Tensor)):
+                self.copy(name, item)
+        return self._deepcopy(name, value)
+
+    def tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) in self.memo:
+            return self.memo[id(tensor)]
+        self.bytes += tensor.numel() * tensor.element_size()
+        if self.bytes > MAX_COPY_BYTES:
+            raise Unavailable(f"the step reads over {MAX_COPY_BYTES / 1024**3:.0f} GB of tensors, more than a "
+                              f"probe copies")
+        if readable(tensor, self.poisoned):
+            copied = tensor.detach().to("cpu", copy=True)
+        else:
+            copied = torch.zeros(tensor.shape, dtype=tensor.dtype)
+        if isinstance(tensor, nn.Parameter):
+            copied = nn.Parameter(copied, requires_grad=tensor.requires_grad)
+        elif tensor.requires_grad and copied.is_floating_point():
+            copied.requires_grad_(True)
+        self.memo[id(tensor)] = copied
+        return copied
+
+    def _deepcopy(self, name: str, value: Any) -> Any:
+        try:
+            with torch.no_grad():
+                return copy.deepcopy(value, self.memo)
+        except Exception as exc:
+            raise Unavailable(f"the step uses {name} ({type(value).__name__}), which cannot be copied: "
+                              f"{type(exc).__name__}: {exc}") from None
