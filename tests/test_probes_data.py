@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections import namedtuple
 
 import numpy as np
@@ -114,6 +115,39 @@ def test_workers0_rerun_estimates_shared_memory_for_a_bus_error(monkeypatch):
     assert outcome.status == "confirmed"
     assert "each batch is 0.5 MB; 2 workers × prefetch_factor 4 keep 4.0 MB in shared memory; /dev/shm has 1.0 MB" \
         in outcome.detail
+
+
+class SlowRead(Dataset):
+    """Index 3 stalls for longer than the DataLoader's timeout."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, index):
+        if index == 3:
+            time.sleep(0.6)
+        return torch.tensor([float(index)])
+
+
+def _timeout_incident(seconds: int) -> Incident:
+    from triage.incident import ExceptionInfo
+
+    info = ExceptionInfo("RuntimeError", f"DataLoader timed out after {seconds} seconds")
+    return Incident(source="run", exception=info, exceptions=[info])
+
+
+def test_workers0_rerun_times_each_batch_against_the_loaders_timeout():
+    loader = DataLoader(SlowRead(), batch_size=2, num_workers=2, timeout=0.3)  # torch says "after 0 seconds"
+    outcome = workers0_rerun(ProbeContext(incident=_timeout_incident(0), loader=loader, time_limit_s=5.0))
+    assert outcome.status == "confirmed", outcome.detail
+    assert "the batch of indices [2, 3] of SlowRead takes 0.6" in outcome.detail
+    assert "over the DataLoader's timeout=0.3; past the timeout it was at" in outcome.detail
+    assert "in __getitem__: `time.sleep(0.6)`" in outcome.detail
+
+    patient = DataLoader(SlowRead(), batch_size=2, num_workers=2, timeout=5)
+    outcome = workers0_rerun(ProbeContext(incident=_timeout_incident(5), loader=patient, time_limit_s=5.0))
+    assert outcome.status == "refuted", outcome.detail
+    assert "the slowest in 0.6" in outcome.detail and "under the DataLoader's timeout=5" in outcome.detail
 
 
 def test_workers0_rerun_skips_without_a_loader():

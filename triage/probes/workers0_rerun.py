@@ -29,6 +29,7 @@ NAME = "workers0_rerun"
 SCAN_S = 15.0
 SCAN_BATCHES = 500
 _CAUGHT = re.compile(r"Caught (?P<type>\w+) in DataLoader worker process (?P<worker>\d+)")
+_TIMED_OUT = re.compile(r"DataLoader timed out after \d+ seconds")
 _WORKER_DEATH = re.compile(r"DataLoader worker \(pid.*\) (?:is killed|exited unexpectedly)|bus error|shared memory"
                            r"|shm", re.IGNORECASE)
 
@@ -47,6 +48,13 @@ class Scan:
     stage: str = ""
     stop: bool = False
     done: bool = False
+    slowest: tuple[float, Any] = (0.0, None)  # (seconds, indices) of the slowest batch, its samples and collate
+    slow_stack: list[traceback.FrameSummary] | None = None  # where a fetch was once it outlasted the timeout
+
+    def timed(self, indices: Any, started: float) -> None:
+        seconds = time.monotonic() - started
+        if seconds > self.slowest[0]:
+            self.slowest = (seconds, indices)
 
 
 @dataclass
@@ -61,6 +69,7 @@ class Source:
     prefetch_factor: int
     worker_init_fn: Any
     iterable: bool
+    timeout: float = 0.0  # the DataLoader's own limit on waiting for a batch
 
 
 def _source(loader: Any) -> Source | None:
@@ -74,7 +83,8 @@ def _source(loader: Any) -> Source | None:
     collate = getattr(loader, "collate_fn", None) or getattr(loader, "_collate_fn", None)
     iterable = isinstance(dataset, torch.utils.data.IterableDataset)
     return Source(dataset, batch_sampler, sampler, collate, int(getattr(loader, "num_workers", 0) or 0),
-                  int(getattr(loader, "prefetch_factor", None) or 2), getattr(loader, "worker_init_fn", None), iterable)
+                  int(getattr(loader, "prefetch_factor", None) or 2), getattr(loader, "worker_init_fn", None), iterable,
+                  float(getattr(loader, "timeout", 0) or 0))
 
 
 # A worker killed by a signal may have been killed by what fetching its samples does (a native
@@ -107,6 +117,9 @@ def workers0_rerun(ctx: ProbeContext) -> ProbeResult:
         while worker.is_alive():
             worker.join(0.02)
             now = time.monotonic()
+            if source.timeout and scan.slow_stack is None and worker.is_alive() and now - scan.started > source.timeout:
+                frame = sys._current_frames().get(worker.ident)  # where a fetch is once it outlasts the timeout
+                scan.slow_stack = traceback.extract_stack(frame) if frame is not None else []
             if worker.is_alive() and now - scan.started > block_s:
                 frame = sys._current_frames().get(worker.ident)
                 blocked_stack = traceback.extract_stack(frame) if frame is not None else []
@@ -153,6 +166,7 @@ def _fetch_mapped(source: Source, scan: Scan, first_batch: int) -> None:
             return
         batched = isinstance(indices, (list, tuple))
         samples = []
+        batch_started = time.monotonic()
         for index in (indices if batched else [indices]):
             scan.current, scan.started, scan.stage = index, time.monotonic(), "dataset"
             try:
@@ -164,6 +178,7 @@ def _fetch_mapped(source: Source, scan: Scan, first_batch: int) -> None:
         _collate(source, scan, samples if batched else samples[0], indices)
         if scan.error is not None:
             return
+        scan.timed(indices, batch_started)
 
 
 def _fetch_iterable(source: Source, scan: Scan) -> None:
@@ -172,6 +187,7 @@ def _fetch_iterable(source: Source, scan: Scan) -> None:
     size = getattr(source.batch_sampler, "batch_size", None) or 1
     while not scan.stop and scan.batches < SCAN_BATCHES:
         samples = []
+        batch_started = time.monotonic()
         for _ in range(size):
             scan.current, scan.started = scan.samples, time.monotonic()
             try:
@@ -187,6 +203,7 @@ def _fetch_iterable(source: Source, scan: Scan) -> None:
         _collate(source, scan, samples, f"items {scan.samples - len(samples)}..{scan.samples - 1}")
         if scan.error is not None:
             return
+        scan.timed(f"items {scan.samples - len(samples)}..{scan.samples - 1}", batch_started)
 
 
 def _collate(source: Source, scan: Scan, samples: Any, indices: Any) -> None:
@@ -238,8 +255,13 @@ def _verdict(ctx: ProbeContext, source: Source, scan: Scan, blocked_stack, block
         detail = (f"with num_workers=0, {_index_text(scan.current)} of {dataset} has not returned after "
                   f"{block_s:.1f} s: it blocks at {where(frame) or 'an unknown place'}{init}")
         facts.update(blocked_at=where(frame), index=repr(scan.current)[:200])
-        status = "confirmed" if ctx.incident.kind == "hang" else "inconclusive"
+        timed_out = _timed_out(ctx) and block_s > source.timeout
+        status = "confirmed" if ctx.incident.kind == "hang" or timed_out else "inconclusive"
         return result(NAME, status, detail, **facts)
+    seconds, slowest = scan.slowest
+    facts.update(slowest_batch_s=round(seconds, 3), slowest_batch=repr(slowest)[:200])
+    if source.timeout and _timed_out(ctx):
+        return _timeout_verdict(source, scan, dataset, init, facts)
     clean = (f"with num_workers=0 the main process fetched {scan.batches} batches ({scan.samples} samples) of "
              f"{dataset} without error{init}")
     shm = _shm_check(ctx, source, scan)
@@ -250,6 +272,27 @@ def _verdict(ctx: ProbeContext, source: Source, scan: Scan, blocked_stack, block
         return result(NAME, "refuted", f"{clean}: the worker's {original} does not come from the data itself "
                       "(look at worker-only state: worker_init_fn, per-worker files or connections)", **facts)
     return result(NAME, "inconclusive", clean, **facts)
+
+
+def _timed_out(ctx: ProbeContext) -> bool:
+    texts = [e.message for e in ctx.incident.exceptions] + ([ctx.incident.exception.message]
+                                                             if ctx.incident.exception else [])
+    return any(_TIMED_OUT.search(text) for text in texts)
+
+
+def _timeout_verdict(source: Source, scan: Scan, dataset: str, init: str, facts: dict[str, Any]) -> ProbeResult:
+    """For a DataLoader timeout: does one batch take longer than `timeout` to load, even in the main process?"""
+    seconds, slowest = scan.slowest
+    fetched = f"{scan.batches} batches ({scan.samples} samples) of {dataset}"
+    if seconds <= source.timeout:
+        return result(NAME, "refuted", f"with num_workers=0 the main process loaded {fetched}, the slowest in "
+                      f"{seconds:.2f} s, under the DataLoader's timeout={source.timeout:g}: the wait is not in "
+                      f"the data itself (look at the workers: CPU contention, worker_init_fn, locks){init}", **facts)
+    frame = innermost_user_frame(scan.slow_stack) if scan.slow_stack else None
+    at = f"; past the timeout it was at {where(frame)}" if frame else ""
+    facts.update(slow_at=where(frame))
+    return result(NAME, "confirmed", f"with num_workers=0, {_index_text(slowest)} of {dataset} takes {seconds:.2f} s "
+                  f"to load, over the DataLoader's timeout={source.timeout:g}{at}{init}", **facts)
 
 
 def _index_text(index: Any) -> str:
