@@ -3,7 +3,7 @@
 import yaml
 from conftest import ROOT
 
-from triage.evaluate import evaluate_logs, format_table, score
+from triage.evaluate import CaseResult, _probe_lines, evaluate_logs, format_table, score
 from triage.kb import load_knowledge_base
 
 
@@ -18,3 +18,15 @@ def test_log_accuracy_holds_the_committed_line():
     assert figures.rule_top1 >= floor["rule_top1"], table
     assert figures.facts >= floor["facts"], table
     assert figures.python_negatives_misread <= floor["python_negatives_misread"], table
+
+
+def test_the_table_counts_the_experiments_that_confirmed_and_times_each_probe():
+    results = [
+        CaseResult("a.py", "script", "nan", "nan.x", probes=[("anomaly_rerun", "confirmed", "d", 0.5),
+                                                              ("save_batch", "confirmed", "d", 0.1)]),
+        CaseResult("b.py", "script", "nan", "nan.y", probes=[("anomaly_rerun", "skipped", "no frame", 1.5)]),
+    ]
+    lines = _probe_lines(results)
+    assert lines[0] == "experiments named by the leading diagnosis: 2 of 3 confirmed (66.7%), in 2 scripts"
+    assert lines[1] == "  b.py: anomaly_rerun skipped: no frame"
+    assert lines[2] == "probe time, median / max seconds (runs): anomaly_rerun 1.00 / 1.50 (2), save_batch 0.10 / 0.10 (1)"

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import statistics
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,8 +40,8 @@ class CaseResult:
     categories: list[str] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)
     missing_facts: list[str] = field(default_factory=list)
-    # The experiments the leading diagnosis named, as (probe, status, detail): a live run's only.
-    probes: list[tuple[str, str, str]] = field(default_factory=list)
+    # The experiments the leading diagnosis named, as (probe, status, detail, seconds): a live run's only.
+    probes: list[tuple[str, str, str, float]] = field(default_factory=list)
     expected_exit: int | None = None
     exit_code: int | None = None
     seconds: float = 0.0
@@ -165,7 +166,8 @@ def _fill(result: CaseResult, diagnoses: list[dict[str, Any]], expectation: dict
         lead = diagnoses[0]
         text = " ".join([lead["title"], lead["hypothesis"], lead["fix"], lead.get("confirm", ""), *lead.get("evidence", [])])
         text += " " + " ".join(p.get("detail", "") for p in lead.get("probes", []))
-        result.probes = [(p["name"], p["status"], p.get("detail", "")) for p in lead.get("probes", [])]
+        result.probes = [(p["name"], p["status"], p.get("detail", ""), float(p.get("seconds") or 0.0))
+                         for p in lead.get("probes", [])]
         result.missing_facts = [str(fact) for fact in expectation.get("facts", []) if str(fact) not in text]
     else:
         result.missing_facts = [str(fact) for fact in expectation.get("facts", [])]
@@ -240,7 +242,7 @@ def format_table(results: list[CaseResult]) -> str:
 
 def _probe_lines(results: list[CaseResult]) -> list[str]:
     """How many of the experiments the leading diagnoses named confirmed their cause, and why the others did not."""
-    runs = [(r, name, status, detail) for r in results for name, status, detail in r.probes]
+    runs = [(r, name, status, detail) for r in results for name, status, detail, _seconds in r.probes]
     if not runs:
         return []
     confirmed = sum(status == "confirmed" for _r, _name, status, _detail in runs)
@@ -248,6 +250,13 @@ def _probe_lines(results: list[CaseResult]) -> list[str]:
              f"({confirmed / len(runs):.1%}), in {len({r.path for r, *_ in runs})} scripts"]
     lines += [f"  {Path(r.path).name}: {name} {status}: {detail[:120]}"
               for r, name, status, detail in runs if status != "confirmed"]
+    seconds: dict[str, list[float]] = {}
+    for r in results:
+        for name, _status, _detail, took in r.probes:
+            seconds.setdefault(name, []).append(took)
+    lines.append("probe time, median / max seconds (runs): " + ", ".join(
+        f"{name} {statistics.median(times):.2f} / {max(times):.2f} ({len(times)})"
+        for name, times in sorted(seconds.items())))
     return lines
 
 
