@@ -350,7 +350,7 @@ class NonFiniteMonitor:
         Right after backward() each Python-level call costs microseconds (cold caches), so the hook is
         one frame, its lookups bound in advance and a CPU float32/64 value read by its address.
         """
-        monitor, check_all, peek, on_step = self, self._check_all, self._peek, tracker.on_step
+        monitor, check_all, peek, flags = self, self._check_all, self._peek, self.flags
         sentinel = sentinel_for(params) or [(None, None, 0)]
         (last, last_view, last_shift), (first, first_view, first_shift) = sentinel[0], sentinel[-1]
 
@@ -373,9 +373,15 @@ class NonFiniteMonitor:
                             if first_view is not None and grad.is_cpu else peek(grad)
                         ):
                             check_all(params, adapt=False)
-                if monitor.flags.pending:
+                if flags.items or flags.found:  # DeviceFlags.pending, without a property's frame
                     monitor.poll()
-            on_step(optimizer)
+            # Tracker.on_step inline: one Python frame less per step, where each costs microseconds.
+            if not tracker.suspended:
+                tracker.steps += 1
+                if tracker.optimizer is None:
+                    tracker.optimizer = optimizer
+                for listener in tracker.listeners:
+                    listener("step", tracker.steps)
 
         return before_step
 
