@@ -25,7 +25,7 @@ import io
 import linecache
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -46,11 +46,9 @@ class SourceStep:
 
     filename: str
     lines: tuple[int, int]  # first and last line of the replayed statements
-    failing_line: int
     code: types.CodeType
     frame: types.FrameType
     reads: list[str]  # names the statements read from before the step, in order of first use
-    notes: list[str] = field(default_factory=list)
 
     @property
     def where(self) -> str:
@@ -170,7 +168,7 @@ def _step_in(frame: types.FrameType, line: int) -> SourceStep:
     ast.copy_location(once, statements[0])
     module = ast.fix_missing_locations(ast.Module(body=[once], type_ignores=[]))
     code = compile(module, filename, "exec").replace(co_name=frame.f_code.co_name)  # tracebacks say "in main"
-    return SourceStep(filename, (statements[0].lineno, statements[-1].end_lineno), line, code, frame, reads)
+    return SourceStep(filename, (statements[0].lineno, statements[-1].end_lineno), code, frame, reads)
 
 
 def _scope_of(tree: ast.Module, code: types.CodeType) -> ast.AST | None:
