@@ -254,9 +254,8 @@ def _verdict(ctx: ProbeContext, seen: Observed, weights: str) -> ProbeResult:
                              "first_nonfinite_module": seen.first_module,
                              "nonfinite_parameters": seen.nonfinite_params[:20],
                              "nonfinite_gradients": seen.nonfinite_grads[:20], "loss": seen.loss_value}
-    clean_weights = weights
-    if seen.stage == "step":
-        weights += f" (replayed {seen.replayed} on CPU copies)"
+    # A finding ends with what was replayed, when that was the loop's own statements; a clean replay names it first.
+    noted = weights + (f" (replayed {seen.replayed} on CPU copies)" if seen.stage == "step" else "")
     error = seen.error
     if error is not None:
         facts["exception"] = type(error).__name__
@@ -270,28 +269,28 @@ def _verdict(ctx: ProbeContext, seen: Observed, weights: str) -> ProbeResult:
                          + (f" (forward line {forward})" if forward else f" (in the {_stage_of(nan['fn'])})"))
             facts.update(backward_function=nan["fn"], forward_line=forward)
             status = "confirmed" if category in (None, "nan") else "inconclusive"
-            return result(NAME, status, "; ".join(parts) + weights, **facts)
+            return result(NAME, status, "; ".join(parts) + noted, **facts)
         if version:
             detail = _inplace_detail(version, seen, forward)
             facts.update(forward_line=forward)
             status = "confirmed" if category in (None, "inplace", "autograd") else "inconclusive"
-            return result(NAME, status, detail + weights, **facts)
+            return result(NAME, status, detail + noted, **facts)
         original = ctx.incident.exception
         same = original is not None and original.short_type == type(error).__name__
         where_ = f" (forward line {forward})" if forward else ""
         raised = f"the replay raises {exception_line(error)} in the {seen.stage}{where_}"
         if category == "nan":  # a guard of the user's (a NaN check, clip_grad_norm_) stopped the replayed step
             raised = "; ".join(_nonfinite_findings(seen, with_gradients=False) + [raised])
-        return result(NAME, "confirmed" if same else "inconclusive", raised + weights, **facts)
+        return result(NAME, "confirmed" if same else "inconclusive", raised + noted, **facts)
     parts = _nonfinite_findings(seen, with_gradients=True)
     if parts:
         status = "confirmed" if category in (None, "nan") else "inconclusive"
-        return result(NAME, status, "; ".join(parts) + weights, **facts)
+        return result(NAME, status, "; ".join(parts) + noted, **facts)
     outcome = [f"loss {seen.loss_value:.4g}"] if seen.loss_value is not None else []
     if outcome and seen.stand_in_loss:
         outcome[0] += " (the output's sum stood in for the loss)"
     clean = f"{seen.replayed} replay under anomaly detection without error: " \
-            f"{', '.join(outcome + ['all gradients finite'])}{clean_weights}"
+            f"{', '.join(outcome + ['all gradients finite'])}{weights}"
     if category in ("nan", "inplace", "autograd"):
         return result(NAME, "refuted", clean, **facts)
     return result(NAME, "inconclusive", clean, **facts)
