@@ -186,3 +186,37 @@ def test_statements_that_cannot_run_outside_their_function_are_refused(tmp_path)
     exc = raised(namespace["run"], torch.nn.Linear(2, 2), [torch.randn(1, 2)])
     with pytest.raises(Unavailable, match="`return` statement"):
         source_step.find(source_step.user_frames(exc))
+
+
+def test_a_step_that_writes_files_is_not_replayed(tmp_path):
+    path = tmp_path / "saves.py"
+    path.write_text(textwrap.dedent('''
+        import torch
+
+        def checkpoint(model, folder):
+            torch.save(model.state_dict(), folder + "/last.pt")
+
+        def run_saving(model, data, folder):
+            for x in data:
+                out = model(x)
+                torch.save(out, folder + "/out.pt")
+                out.sum().backward()
+                out.sum().backward()
+
+        def run_checkpointing(model, data, folder):
+            for x in data:
+                out = model(x)
+                checkpoint(model, folder)
+                out.sum().backward()
+                out.sum().backward()
+    '''))
+    namespace: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    model = torch.nn.Linear(2, 2)
+    exc = raised(namespace["run_saving"], model, [torch.randn(1, 2)], str(tmp_path))
+    with pytest.raises(Unavailable, match=r"calls save\(\) at line 10"):
+        source_step.find(source_step.user_frames(exc))
+    exc = raised(namespace["run_checkpointing"], model, [torch.randn(1, 2)], str(tmp_path))
+    step = source_step.find(source_step.user_frames(exc))
+    with pytest.raises(Unavailable, match=r"calls checkpoint\(\), which calls save\(\)"):
+        step.namespace(poisoned=False)

@@ -38,6 +38,11 @@ _LOOPS = (ast.For, ast.While)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _IMMUTABLE = (int, float, complex, bool, str, bytes, type(None), range, torch.dtype, torch.device)
 _SHARED_TYPES = (types.ModuleType, type, types.BuiltinFunctionType, types.BuiltinMethodType)
+# Calls that write files, send data out or run programs: a step that makes one is not replayed.
+_WRITES = frozenset({"save", "save_pretrained", "save_checkpoint", "save_state_dict", "open", "write", "write_text",
+                     "write_bytes", "writelines", "dump", "savetxt", "savez", "imwrite", "to_csv", "add_scalar",
+                     "log_metrics", "log_artifact", "mkdir", "makedirs", "remove", "unlink", "rmtree", "rename",
+                     "system", "Popen", "run", "urlopen", "post", "put", "send"})
 
 
 @dataclass
@@ -75,7 +80,12 @@ class SourceStep:
             seen.add(name)
             value = values[name]
             if _user_function(value):
-                wanted += _global_names(value.__code__)
+                names = _global_names(value.__code__)
+                writes = sorted(_WRITES.intersection(names))
+                if writes:
+                    raise Unavailable(f"the step calls {name}(), which calls {writes[0]}(): a replay would run it "
+                                      f"again (a probe writes no file of the user's)")
+                wanted += names
             namespace[name] = copier.copy(name, value)
         for name, value in list(namespace.items()):
             if _user_function(value) and value.__globals__ is self.frame.f_globals:
@@ -163,6 +173,11 @@ def _step_in(frame: types.FrameType, line: int) -> SourceStep:
             if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom, ast.Await, ast.Global, ast.Nonlocal)):
                 raise Unavailable(f"the step has a `{type(node).__name__.lower()}` statement "
                                   f"(line {node.lineno}), which cannot run outside its function")
+            called = node.func.attr if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                else node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+            if called in _WRITES:
+                raise Unavailable(f"the step calls {called}() at line {node.lineno}, which a replay would run "
+                                  f"again (a probe writes no file of the user's)")
     once = ast.For(target=ast.Name("_triage_once", ast.Store()), iter=ast.Tuple([ast.Constant(0)], ast.Load()),
                    body=statements, orelse=[])  # lets the body's own break/continue compile
     ast.copy_location(once, statements[0])
