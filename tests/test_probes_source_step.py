@@ -64,6 +64,19 @@ def recurrent(cell, data):
         h.sum().backward()
 
 
+class Holder:
+    def __init__(self, model):
+        self.model = model
+
+
+def held(holder, data):
+    for x in data:
+        scale = 2.0
+        gate = torch.sigmoid(holder.model(x))
+        gate.mul_(scale)
+        gate.sum().backward()
+
+
 def watched(encoder, data, on_step):
     for x in data:
         loss = encoder(x).sum()
@@ -128,6 +141,22 @@ def test_an_optimizer_step_between_two_backward_passes_is_named_as_a_parameter_u
     assert outcome.status == "confirmed", outcome.detail
     assert f"train_loop.py:{_line(script, 'optimizer_d.step()')}: `optimizer_d.step()` updated the parameter " \
            f"discriminator.1.weight [1, 3]" in outcome.detail
+    guard.assert_unchanged()
+
+
+def test_a_model_reached_through_an_object_of_a_user_class_is_copied_too(script, tmp_path):
+    holder = script.Holder(torch.nn.Linear(3, 3))
+    exc = raised(script.held, holder, [torch.randn(2, 3)])
+    guard = StateGuard(holder.model, folder=tmp_path)
+    ctx = live_context(exc)
+    ctx.diagnosis = diagnosis("inplace", "anomaly_rerun")
+    step = source_step.find(ctx.frames)
+    assert step.lines[0] == _line(script, "gate = torch.sigmoid(holder.model(x))")  # `scale = 2.0` is not re-run
+
+    outcome = anomaly_rerun(ctx)
+
+    assert outcome.status == "confirmed", outcome.detail
+    assert "`gate.mul_(scale)`" in outcome.detail
     guard.assert_unchanged()
 
 

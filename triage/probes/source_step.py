@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import collections.abc
 import contextlib
 import copy
 import io
@@ -61,15 +62,15 @@ class SourceStep:
         return f"{self.filename}:{first}-{last}" if last > first else f"{self.filename}:{first}"
 
     def inputs(self) -> dict[str, Any]:
-        """The tensors and numbers the step reads from the failing iteration (the batch, in a loop without a
-        DataLoader), by name; modules, optimizers and functions left out."""
-        values = self._values()
-        return {name: values[name] for name in self.reads
-                if name in values and isinstance(values[name], (torch.Tensor, int, float, bool))}
+        """The tensors and numbers the step reads from the failing iteration's locals (the batch, in a loop
+        without a DataLoader), by name; modules, optimizers, functions and globals left out."""
+        local = self.frame.f_locals
+        return {name: local[name] for name in self.reads
+                if name in local and isinstance(local[name], (torch.Tensor, int, float, bool))}
 
     def namespace(self, poisoned: bool) -> tuple[dict[str, Any], list[tuple[str, ModuleCopy]]]:
         """Globals to run the step in: the frame's names, with every value the step reaches copied."""
-        values = self._values()
+        values = {**vars(builtins), **_frame_values(self.frame)}
         copier = _Copier(poisoned)
         namespace = dict(self.frame.f_globals)
         wanted, seen = list(self.reads), set()
@@ -97,11 +98,9 @@ class SourceStep:
         with contextlib.redirect_stdout(io.StringIO()), torch.enable_grad():
             exec(self.code, namespace)  # noqa: S102 - the user's own statements, on copies
 
-    def _values(self) -> dict[str, Any]:
-        values = dict(vars(builtins))
-        values.update(self.frame.f_globals)
-        values.update(self.frame.f_locals)
-        return values
+def _frame_values(frame: types.FrameType) -> dict[str, Any]:
+    """What a name in the frame's code refers to: its locals, else its globals."""
+    return {**frame.f_globals, **frame.f_locals}
 
 
 def user_frames(exception: BaseException | None) -> list[tuple[types.FrameType, int]]:
@@ -158,7 +157,7 @@ def _step_in(frame: types.FrameType, line: int) -> SourceStep:
         raise _NoLoop(f"the failing line {filename}:{line} is in no loop of {frame.f_code.co_name}")
     body = loop.body
     index = next(i for i, stmt in enumerate(body) if stmt.lineno <= line <= stmt.end_lineno)
-    values = {**frame.f_globals, **frame.f_locals}
+    values = _frame_values(frame)
     start = next((i for i, stmt in enumerate(body[:index]) if _touches_step(stmt, values)), index)
     reads, stale = _reads(body[start:index + 1])
     if stale:
@@ -266,8 +265,11 @@ def _user_function(value: Any) -> bool:
 
 
 def _user_object(value: Any) -> bool:
-    module = getattr(type(value), "__module__", "") or ""
-    return module == "__main__" and not isinstance(value, type)
+    """An instance of a class defined in the user's code (a Trainer, a loss object), not in a library."""
+    module = sys.modules.get(getattr(type(value), "__module__", "") or "")
+    filename = getattr(module, "__file__", None)
+    return bool(filename) and not isinstance(value, type) and is_user_path(filename) \
+        and "/triage/" not in filename.replace("\\", "/")
 
 
 def _global_names(code: types.CodeType) -> list[str]:
@@ -321,7 +323,7 @@ class _Copier:
             return self._deepcopy(name, value)
         if type(value).__module__.startswith("torch.utils.data"):
             raise Unavailable(f"the step uses {name} ({type(value).__name__}), which a replay would advance")
-        if isinstance(value, (types.GeneratorType, Iterator)):
+        if isinstance(value, collections.abc.Iterator):  # generators, iterators, open files
             raise Unavailable(f"the step uses {name} ({type(value).__name__}), which a replay would advance")
         # What the object holds is copied first, so that deepcopy finds it in the memo (on the CPU).
         items = value if isinstance(value, (list, tuple, set)) else value.values() if isinstance(value, dict) \
