@@ -127,6 +127,46 @@ def test_anomaly_rerun_replays_the_loop_statements_on_copies_and_names_the_in_pl
     assert history == logged  # the replayed history.append wrote to a copy
 
 
+def test_a_global_of_another_user_file_reached_through_its_function_is_copied_too(tmp_path, monkeypatch):
+    (tmp_path / "heads.py").write_text(textwrap.dedent('''
+        from torch import nn
+
+        HEAD = nn.Linear(3, 1)
+
+
+        def loss_of(features):
+            return HEAD(features).sum()
+    '''))
+    path = tmp_path / "train_split.py"
+    path.write_text(textwrap.dedent('''
+        import torch
+        from heads import loss_of
+
+        def train(encoder, data):
+            for x in data:
+                features = torch.sigmoid(encoder(x))
+                features.mul_(2)
+                loss_of(features).backward()
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "heads", raising=False)
+    namespace: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    heads = sys.modules["heads"]
+    encoder = torch.nn.Linear(2, 3)
+    exc = raised(namespace["train"], encoder, [torch.randn(4, 2)])
+    heads.HEAD.zero_grad(set_to_none=True)  # the failed backward reached HEAD before the in-place check
+    guard = StateGuard(encoder, heads.HEAD, folder=tmp_path)
+    ctx = live_context(exc)
+    ctx.diagnosis = diagnosis("inplace", "anomaly_rerun")
+
+    outcome = anomaly_rerun(ctx)
+
+    assert outcome.status == "confirmed", outcome.detail
+    assert "`features.mul_(2)`" in outcome.detail
+    guard.assert_unchanged()  # HEAD lives in heads.py's globals: the replay's loss_of read a copy of it
+
+
 def test_an_optimizer_step_between_two_backward_passes_is_named_as_a_parameter_update(script, tmp_path):
     torch.manual_seed(0)
     discriminator = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))

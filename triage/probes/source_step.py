@@ -69,16 +69,22 @@ class SourceStep:
                 if name in local and isinstance(local[name], (torch.Tensor, int, float, bool))}
 
     def namespace(self, poisoned: bool) -> tuple[dict[str, Any], list[tuple[str, ModuleCopy]]]:
-        """Globals to run the step in: the frame's names, with every value the step reaches copied."""
-        values = {**vars(builtins), **_frame_values(self.frame)}
+        """Globals to run the step in: the frame's names, with every value the step reaches copied.
+
+        A function from another of the user's files reads that file's globals: those it reaches are copied
+        into a namespace of their own, and the function is rebound to it (a loss in `losses.py` that calls
+        a module global there uses the copy too)."""
         copier = _Copier(poisoned)
-        namespace = dict(self.frame.f_globals)
-        wanted, seen = list(self.reads), set()
+        main = self.frame.f_globals
+        # id(original globals) -> (the original, the replay's copy, what a name there refers to)
+        spaces = {id(main): (main, dict(main), {**vars(builtins), **_frame_values(self.frame)})}
+        wanted, seen = [(name, id(main)) for name in self.reads], set()
         while wanted:
-            name = wanted.pop(0)
-            if name in seen or name not in values:
+            name, space = wanted.pop(0)
+            original, copied, values = spaces[space]
+            if (name, space) in seen or name not in values:
                 continue
-            seen.add(name)
+            seen.add((name, space))
             value = values[name]
             if _user_function(value):
                 names = _global_names(value.__code__)
@@ -86,12 +92,17 @@ class SourceStep:
                 if writes:
                     raise Unavailable(f"the step calls {name}(), which calls {writes[0]}(): a replay would run it "
                                       f"again (a probe writes no file of the user's)")
-                wanted += names
-            namespace[name] = copier.copy(name, value)
-        for name, value in list(namespace.items()):
-            if _user_function(value) and value.__globals__ is self.frame.f_globals:
-                namespace[name] = _rebound(value, namespace)
-        return namespace, copier.modules
+                home = value.__globals__
+                if id(home) not in spaces:
+                    spaces[id(home)] = (home, dict(home), {**vars(builtins), **home})
+                wanted += [(inner, id(home)) for inner in names]
+            copied[name] = copier.copy(name, value)
+        rebinding = {id(original): copied for original, copied, _ in spaces.values()}
+        for _, copied, _ in spaces.values():
+            for name, value in list(copied.items()):
+                if _user_function(value) and id(value.__globals__) in rebinding:
+                    copied[name] = _rebound(value, rebinding[id(value.__globals__)])
+        return spaces[id(main)][1], copier.modules
 
     def run(self, namespace: dict[str, Any]) -> None:
         """Run the statements; what they print is swallowed, what they raise propagates."""
