@@ -1,19 +1,23 @@
 """What the training-loop wrapper costs on small CPU training loops, against the bare loop.
 
-Two identical models train side by side, one step each in turn: model B inside
-`triage.watch(...)` with its batches from `triage.track(...)`, model A bare.
-Each step is timed on its own, so machine noise (other processes, frequency
-changes) falls on both alike; the figure is the trimmed mean of the per-pair
-ratios, printed beside the same measurement with both loops bare (its noise).
-B's hooks see a step interval twice the real one (A's step sits between two of
-B's), which makes the gradient check run more often than in real use: the
-figure errs high.
+Two identical models train in turns, in blocks of BLOCK consecutive steps (as a
+real loop runs, each step after one of its own): model B inside
+`triage.watch(...)` with its batches from `triage.track(...)`, model A bare. Each step is timed on its own and paired with
+the same step of the other model's neighbouring block, so machine noise (other
+processes, frequency changes) falls on both alike; a phase's figure is the
+trimmed mean of its per-pair ratios. Each round measures the same two models
+twice, once with B bare (the noise: what the pairing alone gives) and once with
+B watched, and reports the difference; the figure printed is the median of the
+rounds, with their spread. The figure errs high: the wrapper budgets its strided
+full gradient check (GRADIENT_CHECK_BUDGET) against the wall-clock interval
+between B's steps, which here holds A's steps too, so that check runs twice as
+often as it would in a loop of its own.
 
 (The runner's `auto_track()` hooks every DataLoader and optimizer in the
 process, so it cannot be paired per step; it does the same per-step work as
 watch+track, and the runner's own benchmark measures it on whole scripts.)
 
-    python benchmarks/bench_wrapper.py [--steps 3000] [--threads 1]
+    python benchmarks/bench_wrapper.py [--steps 3000] [--rounds 5] [--threads 1]   (about 8 minutes)
 """
 
 from __future__ import annotations
@@ -73,31 +77,18 @@ def endless_tracked(loader):
         yield from triage.track(loader)
 
 
-def paired(name: str, source: str, steps: int, control: bool = False) -> tuple[list[float], list[float]]:
-    model_a, data = make(name)
-    model_b = copy.deepcopy(model_a)
-    opt_a, opt_b = optimizer_for(model_a), optimizer_for(model_b)
-    loss_a, loss_b = nn.CrossEntropyLoss(), nn.CrossEntropyLoss()
-    if source == "dataloader":
-        loader_a, loader_b = DataLoader(data, batch_size=64), DataLoader(data, batch_size=64)
-    else:
-        loader_a = [(data.tensors[0][i:i + 64], data.tensors[1][i:i + 64]) for i in range(0, len(data), 64)]
-        loader_b = list(loader_a)
-    bare, watched = [], []
-    with triage.watch(model=None if control else model_b, optimizer=None if control else opt_b,
-                      loss_fn=None if control else loss_b):
-        batches_a, batches_b = endless(loader_a), (endless if control else endless_tracked)(loader_b)
-        for i in range(steps + 50):
-            if i % 2:  # alternate which goes first: the second of a pair runs with warmer caches
-                a = timed_step(batches_a, model_a, opt_a, loss_a)
-                b = timed_step(batches_b, model_b, opt_b, loss_b)
-            else:
-                b = timed_step(batches_b, model_b, opt_b, loss_b)
-                a = timed_step(batches_a, model_a, opt_a, loss_a)
-            if i >= 50:  # warm-up
-                bare.append(a)
-                watched.append(b)
-    return bare, watched
+BLOCK = 10  # consecutive steps of one model before the other's turn
+
+
+def phase(steps: int, bare: tuple, other: tuple) -> float:
+    """Overhead of `other` against `bare` over `steps` paired steps: each is (batches, model, optimizer, loss)."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for block in range(steps // BLOCK):
+        order = ((bare, times[0]), (other, times[1]))
+        for loop, out in order if block % 2 else order[::-1]:  # alternate which block runs first
+            for _ in range(BLOCK):
+                out.append(timed_step(*loop))
+    return overhead(*times)
 
 
 def overhead(bare: list[float], watched: list[float]) -> float:
@@ -105,6 +96,37 @@ def overhead(bare: list[float], watched: list[float]) -> float:
     ratios = sorted(w / b for b, w in zip(bare, watched))
     k = len(ratios) // 4
     return statistics.mean(ratios[k:len(ratios) - k]) - 1
+
+
+def one_round(name: str, source: str, steps: int, watched_first: bool) -> tuple[float, float, float]:
+    """(noise, watched, bare µs/step) for a fresh pair of identical models fed the same batches."""
+    model_a, data = make(name)
+    model_b = copy.deepcopy(model_a)
+    if source == "dataloader":
+        loader_a, loader_b = DataLoader(data, batch_size=64), DataLoader(data, batch_size=64)
+    else:
+        loader_a = [(data.tensors[0][i:i + 64], data.tensors[1][i:i + 64]) for i in range(0, len(data), 64)]
+        loader_b = list(loader_a)
+    a = (endless(loader_a), model_a, optimizer_for(model_a), nn.CrossEntropyLoss())
+    b_model, b_optimizer, b_loss = model_b, optimizer_for(model_b), nn.CrossEntropyLoss()
+    b_bare = (endless(loader_b), b_model, b_optimizer, b_loss)
+    b_watched = (endless_tracked(loader_b), b_model, b_optimizer, b_loss)
+
+    def watched() -> float:
+        with triage.watch(model=b_model, optimizer=b_optimizer, loss_fn=b_loss):
+            return phase(steps, a, b_watched)
+
+    phase(200, a, b_bare)  # warm-up
+    if watched_first:
+        with_triage = watched()
+        noise = phase(steps, a, b_bare)
+    else:
+        noise = phase(steps, a, b_bare)
+        with_triage = watched()
+    started = time.thread_time()
+    for _ in range(100):
+        timed_step(*a)
+    return noise, with_triage, (time.thread_time() - started) / 100
 
 
 def time_inside(name: str, steps: int) -> tuple[float, float]:
@@ -143,21 +165,23 @@ def time_inside(name: str, steps: int) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=3000, help="paired steps per phase on the MLP (CNN: a quarter)")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"small CPU training loops, batch 64, SGD+momentum, CrossEntropyLoss; torch {torch.__version__}, "
-          f"{args.threads} thread(s); step times are this thread's CPU time")
+          f"{args.threads} thread(s); step times are this thread's CPU time; {args.rounds} rounds")
     for name in MODELS:
         steps = args.steps if name.startswith("MLP") else max(args.steps // 4, 200)
         for source in ("dataloader", "list of batches"):
             kind = "dataloader" if source == "dataloader" else "list"
-            noise = overhead(*paired(name, kind, steps, control=True))
-            bare, watched = paired(name, kind, steps)
-            print(f"{name}, {source}: bare {statistics.median(bare) * 1e6:.0f} µs/step; watch+track overhead "
-                  f"{100 * overhead(bare, watched):+.2f}% ({steps} paired steps; the same measurement with both "
-                  f"loops bare gives {100 * noise:+.2f}%)")
+            rounds = [one_round(name, kind, steps, watched_first=bool(r % 2)) for r in range(args.rounds)]
+            costs = [watched - noise for noise, watched, _ in rounds]
+            print(f"{name}, {source}: bare {statistics.median(r[2] for r in rounds) * 1e6:.0f} µs/step; "
+                  f"watch+track overhead {100 * statistics.median(costs):+.2f}% (median of rounds "
+                  f"{', '.join(f'{100 * c:+.2f}%' for c in costs)}; {steps} paired steps each; "
+                  f"the pairing alone, both loops bare: {', '.join(f'{100 * r[0]:+.2f}%' for r in rounds)})")
         inside, step_us = time_inside(name, steps)
         print(f"{name}, dataloader: {inside:.1f} µs per step inside triage's hooks and track() (wall clock, "
               f"timers included) = {100 * inside / step_us:.2f}% of a {step_us:.0f} µs step")
