@@ -47,6 +47,23 @@ def test_match_extracts_groups_and_renders_location(tmp_path):
     assert "raised at app.py:3 in run: go()" in diagnosis.evidence
 
 
+def test_a_library_frame_a_rule_matched_is_not_called_the_user_s(tmp_path):
+    rule = RULE.replace("    message: 'widget (?P<name>\\w+) broke'",
+                        "    message: 'widget (?P<name>\\w+) broke'\n    frame:\n      file: 'widgets[\\\\/]'")
+    rule = rule.replace("{% if location %} at {{ location }}{% endif %}",
+                        "{% if location and frame.user %} at your {{ location }}{% elif location %} in {{ location }}{% endif %}")
+    kb = load_paths([write(tmp_path, rule)])
+    assert kb.problems == []
+    library = '  File "/usr/lib/python3.11/site-packages/widgets/core.py", line 9, in turn\n    raise WidgetError()\n'
+    only_library = parse_text(f"Traceback (most recent call last):\n{library}WidgetError: widget gear broke\n")
+    [diagnosis] = diagnose(only_library, kb)
+    assert diagnosis.hypothesis == "The widget gear broke in /usr/lib/python3.11/site-packages/widgets/core.py:9 in turn."
+    with_user = parse_text('Traceback (most recent call last):\n  File "app.py", line 3, in run\n    turn()\n'
+                           f"{library}WidgetError: widget gear broke\n")
+    [diagnosis] = diagnose(with_user, kb)
+    assert diagnosis.hypothesis == "The widget gear broke at your app.py:3 in run."
+
+
 @pytest.mark.parametrize(
     ("mutation", "line", "fragment"),
     [

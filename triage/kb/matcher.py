@@ -209,7 +209,8 @@ def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame
 
 
 def _frame_values(frame: Frame) -> dict[str, Any]:
-    return {"file": frame.file, "line": frame.line, "function": frame.function, "code": frame.code or "", "where": frame.where}
+    return {"file": frame.file, "line": frame.line, "function": frame.function, "code": frame.code or "", "where": frame.where,
+            "user": frame.user}
 
 
 def _evidence(incident: Incident, exc: ExceptionInfo | None, frame: Frame | None, values: dict[str, Any]) -> list[str]:
