@@ -2,16 +2,17 @@
 
 Two identical models train in turns, in blocks of BLOCK consecutive steps (as a
 real loop runs, each step after one of its own): model B inside
-`triage.watch(...)` with its batches from `triage.track(...)`, model A bare. Each step is timed on its own and paired with
-the same step of the other model's neighbouring block, so machine noise (other
-processes, frequency changes) falls on both alike; a phase's figure is the
-trimmed mean of its per-pair ratios. Each round measures the same two models
-twice, once with B bare (the noise: what the pairing alone gives) and once with
-B watched, and reports the difference; the figure printed is the median of the
-rounds, with their spread. The figure errs high: the wrapper budgets its strided
-full gradient check (GRADIENT_CHECK_BUDGET) against the wall-clock interval
-between B's steps, which here holds A's steps too, so that check runs twice as
-often as it would in a loop of its own.
+`triage.watch(...)` with its batches from `triage.track(...)`, model A bare.
+Each step is timed on its own and paired with the same step of the other
+model's neighbouring block, so machine noise (other processes, frequency
+changes) falls on both alike; a phase's figure is the trimmed mean of its
+per-pair ratios. Each round measures the same two models twice, once with B
+bare (the noise: what the pairing alone gives) and once with B watched, and
+reports the difference; the figure printed is the median of the rounds, with
+their spread. The figure errs high: the wrapper budgets its strided full
+gradient check (GRADIENT_CHECK_BUDGET) against the wall-clock interval between
+B's steps, which here holds A's steps too, so that check runs twice as often as
+it would in a loop of its own.
 
 (The runner's `auto_track()` hooks every DataLoader and optimizer in the
 process, so it cannot be paired per step; it does the same per-step work as
@@ -80,15 +81,16 @@ def endless_tracked(loader):
 BLOCK = 10  # consecutive steps of one model before the other's turn
 
 
-def phase(steps: int, bare: tuple, other: tuple) -> float:
-    """Overhead of `other` against `bare` over `steps` paired steps: each is (batches, model, optimizer, loss)."""
+def phase(steps: int, bare: tuple, other: tuple) -> tuple[float, float]:
+    """(overhead of `other` against `bare`, bare seconds/step) over `steps` paired steps; each loop is
+    (batches, model, optimizer, loss)."""
     times: tuple[list[float], list[float]] = ([], [])
     for block in range(steps // BLOCK):
         order = ((bare, times[0]), (other, times[1]))
         for loop, out in order if block % 2 else order[::-1]:  # alternate which block runs first
             for _ in range(BLOCK):
                 out.append(timed_step(*loop))
-    return overhead(*times)
+    return overhead(*times), statistics.median(times[0])
 
 
 def overhead(bare: list[float], watched: list[float]) -> float:
@@ -99,7 +101,7 @@ def overhead(bare: list[float], watched: list[float]) -> float:
 
 
 def one_round(name: str, source: str, steps: int, watched_first: bool) -> tuple[float, float, float]:
-    """(noise, watched, bare µs/step) for a fresh pair of identical models fed the same batches."""
+    """(noise, watched, bare seconds/step) for a fresh pair of identical models fed the same batches."""
     model_a, data = make(name)
     model_b = copy.deepcopy(model_a)
     if source == "dataloader":
@@ -108,25 +110,22 @@ def one_round(name: str, source: str, steps: int, watched_first: bool) -> tuple[
         loader_a = [(data.tensors[0][i:i + 64], data.tensors[1][i:i + 64]) for i in range(0, len(data), 64)]
         loader_b = list(loader_a)
     a = (endless(loader_a), model_a, optimizer_for(model_a), nn.CrossEntropyLoss())
-    b_model, b_optimizer, b_loss = model_b, optimizer_for(model_b), nn.CrossEntropyLoss()
-    b_bare = (endless(loader_b), b_model, b_optimizer, b_loss)
-    b_watched = (endless_tracked(loader_b), b_model, b_optimizer, b_loss)
+    optimizer_b, loss_b = optimizer_for(model_b), nn.CrossEntropyLoss()
+    b_bare = (endless(loader_b), model_b, optimizer_b, loss_b)
+    b_watched = (endless_tracked(loader_b), model_b, optimizer_b, loss_b)
 
     def watched() -> float:
-        with triage.watch(model=b_model, optimizer=b_optimizer, loss_fn=b_loss):
-            return phase(steps, a, b_watched)
+        with triage.watch(model=model_b, optimizer=optimizer_b, loss_fn=loss_b):
+            return phase(steps, a, b_watched)[0]
 
     phase(200, a, b_bare)  # warm-up
     if watched_first:
         with_triage = watched()
-        noise = phase(steps, a, b_bare)
+        noise, step = phase(steps, a, b_bare)
     else:
-        noise = phase(steps, a, b_bare)
+        noise, step = phase(steps, a, b_bare)
         with_triage = watched()
-    started = time.thread_time()
-    for _ in range(100):
-        timed_step(*a)
-    return noise, with_triage, (time.thread_time() - started) / 100
+    return noise, with_triage, step
 
 
 def time_inside(name: str, steps: int) -> tuple[float, float]:
