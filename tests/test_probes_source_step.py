@@ -278,6 +278,30 @@ def test_a_step_that_writes_files_is_not_replayed(tmp_path):
                 checkpoint(model, folder)
                 out.sum().backward()
                 out.sum().backward()
+
+        class Trainer:
+            def __init__(self, model, folder):
+                self.model, self.folder = model, folder
+
+            def forward_and_log(self, x):
+                self.log_weights()
+                return self.model(x)
+
+            def log_weights(self):
+                torch.save(self.model.state_dict(), self.folder + "/weights.pt")
+
+            def unused_export(self):
+                torch.save(self.model, self.folder + "/model.pt")
+
+        class QuietTrainer(Trainer):
+            def forward_and_log(self, x):
+                return self.model(x)
+
+        def run_trainer(trainer, data):
+            for x in data:
+                out = trainer.forward_and_log(x)
+                out.sum().backward()
+                out.sum().backward()
     '''))
     namespace: dict = {}
     exec(compile(path.read_text(), str(path), "exec"), namespace)
@@ -289,3 +313,10 @@ def test_a_step_that_writes_files_is_not_replayed(tmp_path):
     step = source_step.find(source_step.user_frames(exc))
     with pytest.raises(Unavailable, match=r"calls checkpoint\(\), which calls save\(\)"):
         step.namespace(poisoned=False)
+    exc = raised(namespace["run_trainer"], namespace["Trainer"](model, str(tmp_path)), [torch.randn(1, 2)])
+    step = source_step.find(source_step.user_frames(exc))
+    with pytest.raises(Unavailable, match=r"uses trainer \(Trainer\), whose method log_weights\(\) calls save\(\)"):
+        step.namespace(poisoned=False)
+    exc = raised(namespace["run_trainer"], namespace["QuietTrainer"](model, str(tmp_path)), [torch.randn(1, 2)])
+    step = source_step.find(source_step.user_frames(exc))
+    step.namespace(poisoned=False)  # a method that writes but that the step never calls does not refuse it

@@ -79,6 +79,8 @@ class SourceStep:
         # id(original globals) -> (the original, the replay's copy, what a name there refers to)
         spaces = {id(main): (main, dict(main), {**vars(builtins), **_frame_values(self.frame)})}
         wanted, seen = [(name, id(main)) for name in self.reads], set()
+        called = set(_global_names(self.code))  # names the step and the user functions it reaches use
+        objects = []
         while wanted:
             name, space = wanted.pop(0)
             original, copied, values = spaces[space]
@@ -96,7 +98,15 @@ class SourceStep:
                 if id(home) not in spaces:
                     spaces[id(home)] = (home, dict(home), {**vars(builtins), **home})
                 wanted += [(inner, id(home)) for inner in names]
+                called.update(names)
+            elif _user_object(value):
+                objects.append((name, value))
             copied[name] = copier.copy(name, value)
+        for name, value in objects:
+            found = _method_that_writes(value, called)
+            if found:
+                raise Unavailable(f"the step uses {name} ({type(value).__name__}), whose method {found[0]}() calls "
+                                  f"{found[1]}(): a replay would run it again (a probe writes no file of the user's)")
         rebinding = {id(original): copied for original, copied, _ in spaces.values()}
         for _, copied, _ in spaces.values():
             for name, value in list(copied.items()):
@@ -108,6 +118,7 @@ class SourceStep:
         """Run the statements; what they print is swallowed, what they raise propagates."""
         with contextlib.redirect_stdout(io.StringIO()), torch.enable_grad():
             exec(self.code, namespace)  # noqa: S102 - the user's own statements, on copies
+
 
 def _frame_values(frame: types.FrameType) -> dict[str, Any]:
     """What a name in the frame's code refers to: its locals, else its globals."""
@@ -268,7 +279,11 @@ def _names(node: ast.AST, hidden: frozenset[str], loads: list[str], stores: set[
 
 
 def _user_code(code: types.CodeType) -> bool:
-    return is_user_path(code.co_filename) and "/triage/" not in code.co_filename.replace("\\", "/")
+    return _user_file(code.co_filename)
+
+
+def _user_file(filename: str) -> bool:
+    return is_user_path(filename) and "/triage/" not in filename.replace("\\", "/")
 
 
 def _user_function(value: Any) -> bool:
@@ -277,10 +292,37 @@ def _user_function(value: Any) -> bool:
 
 def _user_object(value: Any) -> bool:
     """An instance of a class defined in the user's code (a Trainer, a loss object), not in a library."""
+    if isinstance(value, type):
+        return False
     module = sys.modules.get(getattr(type(value), "__module__", "") or "")
     filename = getattr(module, "__file__", None)
-    return bool(filename) and not isinstance(value, type) and is_user_path(filename) \
-        and "/triage/" not in filename.replace("\\", "/")
+    if filename:
+        return _user_file(filename)
+    # A class from code with no module file (a notebook cell, exec'd source): its methods say where it is from.
+    return any(_user_function(getattr(member, "__func__", member)) for member in vars(type(value)).values())
+
+
+def _method_that_writes(value: Any, called: set[str]) -> tuple[str, str] | None:
+    """(method, write) for a method of a user object's class the step may call (one whose name it uses, or
+    one those call through `self.`) that writes files or runs programs; None if there is none."""
+    methods = {}
+    for klass in reversed(type(value).__mro__):
+        for attr, member in vars(klass).items():
+            function = getattr(member, "fget", None) or getattr(member, "__func__", member)  # property, static
+            if _user_function(function):
+                methods[attr] = function
+    todo, seen = [m for m in methods if m in called or m == "__call__"], set()
+    while todo:
+        method = todo.pop()
+        if method in seen:
+            continue
+        seen.add(method)
+        names = _global_names(methods[method].__code__)
+        writes = sorted(_WRITES.intersection(names))
+        if writes:
+            return method, writes[0]
+        todo += [n for n in names if n in methods]
+    return None
 
 
 def _global_names(code: types.CodeType) -> list[str]:
