@@ -167,6 +167,55 @@ def test_a_global_of_another_user_file_reached_through_its_function_is_copied_to
     guard.assert_unchanged()  # HEAD lives in heads.py's globals: the replay's loss_of read a copy of it
 
 
+def test_a_method_that_reads_a_global_module_with_parameters_is_not_replayed(tmp_path):
+    path = tmp_path / "scored.py"
+    path.write_text(textwrap.dedent('''
+        import torch
+        from torch import nn
+
+        HEAD = nn.Linear(2, 1)
+        CRITERION = nn.MSELoss()
+
+
+        class Judge:
+            def score(self, features):
+                return HEAD(features).sum()
+
+            def fit(self, features):
+                return CRITERION(features, torch.zeros_like(features))
+
+
+        def run_score(judge, model, data):
+            for x in data:
+                features = torch.sigmoid(model(x))
+                features.mul_(2)
+                judge.score(features).backward()
+
+
+        def run_fit(judge, model, data):
+            for x in data:
+                features = torch.sigmoid(model(x))
+                features.mul_(2)
+                judge.fit(features).backward()
+    '''))
+    namespace: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    model = torch.nn.Linear(2, 2)
+    exc = raised(namespace["run_score"], namespace["Judge"](), model, [torch.randn(3, 2)])
+    step = source_step.find(source_step.user_frames(exc))
+    with pytest.raises(Unavailable, match=r"uses judge \(Judge\), whose method score\(\) reads the global HEAD"):
+        step.namespace(poisoned=False)
+
+    exc = raised(namespace["run_fit"], namespace["Judge"](), model, [torch.randn(3, 2)])
+    guard = StateGuard(model, namespace["HEAD"], folder=tmp_path)
+    ctx = live_context(exc)
+    ctx.diagnosis = diagnosis("inplace", "anomaly_rerun")
+    outcome = anomaly_rerun(ctx)  # a global loss with no parameters is no reason to refuse
+    assert outcome.status == "confirmed", outcome.detail
+    assert "`features.mul_(2)`" in outcome.detail
+    guard.assert_unchanged()
+
+
 def test_an_optimizer_step_between_two_backward_passes_is_named_as_a_parameter_update(script, tmp_path):
     torch.manual_seed(0)
     discriminator = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))

@@ -103,10 +103,17 @@ class SourceStep:
                 objects.append((name, value))
             copied[name] = copier.copy(name, value)
         for name, value in objects:
-            found = _method_that_writes(value, called)
-            if found:
-                raise Unavailable(f"the step uses {name} ({type(value).__name__}), whose method {found[0]}() calls "
-                                  f"{found[1]}(): a replay would run it again (a probe writes no file of the user's)")
+            for method, function in _methods_reached(value, called):
+                names = _global_names(function.__code__)
+                writes = sorted(_WRITES.intersection(names))
+                if writes:
+                    raise Unavailable(f"the step uses {name} ({type(value).__name__}), whose method {method}() calls "
+                                      f"{writes[0]}(): a replay would run it again (a probe writes no file of the "
+                                      f"user's)")
+                held = next((n for n in names if _holds_state(function.__globals__.get(n))), None)
+                if held:
+                    raise Unavailable(f"the step uses {name} ({type(value).__name__}), whose method {method}() reads "
+                                      f"the global {held}, which a replay cannot swap for a copy")
         rebinding = {id(original): copied for original, copied, _ in spaces.values()}
         for _, copied, _ in spaces.values():
             for name, value in list(copied.items()):
@@ -302,27 +309,30 @@ def _user_object(value: Any) -> bool:
     return any(_user_function(getattr(member, "__func__", member)) for member in vars(type(value)).values())
 
 
-def _method_that_writes(value: Any, called: set[str]) -> tuple[str, str] | None:
-    """(method, write) for a method of a user object's class the step may call (one whose name it uses, or
-    one those call through `self.`) that writes files or runs programs; None if there is none."""
+def _methods_reached(value: Any, called: set[str]) -> list[tuple[str, types.FunctionType]]:
+    """The methods of a user object's class the step may run: those whose names it uses, `__call__`, and those
+    these call through `self.`, as (name, function)."""
     methods = {}
     for klass in reversed(type(value).__mro__):
         for attr, member in vars(klass).items():
             function = getattr(member, "fget", None) or getattr(member, "__func__", member)  # property, static
             if _user_function(function):
                 methods[attr] = function
-    todo, seen = [m for m in methods if m in called or m == "__call__"], set()
+    todo, reached = [m for m in methods if m in called or m == "__call__"], {}
     while todo:
         method = todo.pop()
-        if method in seen:
-            continue
-        seen.add(method)
-        names = _global_names(methods[method].__code__)
-        writes = sorted(_WRITES.intersection(names))
-        if writes:
-            return method, writes[0]
-        todo += [n for n in names if n in methods]
-    return None
+        if method not in reached:
+            reached[method] = methods[method]
+            todo += [n for n in _global_names(methods[method].__code__) if n in methods]
+    return list(reached.items())
+
+
+def _holds_state(value: Any) -> bool:
+    """Whether a replay that used this global itself would change what the user has: an optimizer, a module with
+    parameters or buffers, a tensor that takes gradients."""
+    if isinstance(value, nn.Module):
+        return next(iter(value.parameters()), None) is not None or next(iter(value.buffers()), None) is not None
+    return isinstance(value, torch.optim.Optimizer) or (isinstance(value, torch.Tensor) and value.requires_grad)
 
 
 def _global_names(code: types.CodeType) -> list[str]:
