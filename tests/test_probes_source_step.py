@@ -197,6 +197,22 @@ def test_a_method_that_reads_a_global_module_with_parameters_is_not_replayed(tmp
                 features = torch.sigmoid(model(x))
                 features.mul_(2)
                 judge.fit(features).backward()
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = nn.Linear(2, 2)
+
+            def forward(self, x):
+                return HEAD(torch.sigmoid(self.body(x)))
+
+
+        def run_net(net, data):
+            for x in data:
+                out = net(x)
+                out.sum().backward()
+                out.sum().backward()
     '''))
     namespace: dict = {}
     exec(compile(path.read_text(), str(path), "exec"), namespace)
@@ -205,6 +221,10 @@ def test_a_method_that_reads_a_global_module_with_parameters_is_not_replayed(tmp
     step = source_step.find(source_step.user_frames(exc))
     with pytest.raises(Unavailable, match=r"uses judge \(Judge\), whose method score\(\) reads the global HEAD"):
         step.namespace(poisoned=False)
+    exc = raised(namespace["run_net"], namespace["Net"](), [torch.randn(3, 2)])
+    step = source_step.find(source_step.user_frames(exc))
+    with pytest.raises(Unavailable, match=r"uses net \(Net\), whose method forward\(\) reads the global HEAD"):
+        step.namespace(poisoned=False)  # calling a module runs its forward
 
     exc = raised(namespace["run_fit"], namespace["Judge"](), model, [torch.randn(3, 2)])
     guard = StateGuard(model, namespace["HEAD"], folder=tmp_path)

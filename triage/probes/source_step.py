@@ -83,7 +83,7 @@ class SourceStep:
         objects = []
         while wanted:
             name, space = wanted.pop(0)
-            original, copied, values = spaces[space]
+            _, copied, values = spaces[space]
             if (name, space) in seen or name not in values:
                 continue
             seen.add((name, space))
@@ -103,17 +103,7 @@ class SourceStep:
                 objects.append((name, value))
             copied[name] = copier.copy(name, value)
         for name, value in objects:
-            for method, function in _methods_reached(value, called):
-                names = _global_names(function.__code__)
-                writes = sorted(_WRITES.intersection(names))
-                if writes:
-                    raise Unavailable(f"the step uses {name} ({type(value).__name__}), whose method {method}() calls "
-                                      f"{writes[0]}(): a replay would run it again (a probe writes no file of the "
-                                      f"user's)")
-                held = next((n for n in names if _holds_state(function.__globals__.get(n))), None)
-                if held:
-                    raise Unavailable(f"the step uses {name} ({type(value).__name__}), whose method {method}() reads "
-                                      f"the global {held}, which a replay cannot swap for a copy")
+            _refuse_unsafe_methods(name, value, called)
         rebinding = {id(original): copied for original, copied, _ in spaces.values()}
         for _, copied, _ in spaces.values():
             for name, value in list(copied.items()):
@@ -309,16 +299,31 @@ def _user_object(value: Any) -> bool:
     return any(_user_function(getattr(member, "__func__", member)) for member in vars(type(value)).values())
 
 
+def _refuse_unsafe_methods(name: str, value: Any, called: set[str]) -> None:
+    """Unavailable if a method of a user object the step may run writes files or reads a global that holds state:
+    a method keeps its own module's globals, which the replay cannot swap for copies."""
+    for method, function in _methods_reached(value, called):
+        names = _global_names(function.__code__)
+        writes = sorted(_WRITES.intersection(names))
+        if writes:
+            raise Unavailable(f"the step uses {name} ({type(value).__name__}), whose method {method}() calls "
+                              f"{writes[0]}(): a replay would run it again (a probe writes no file of the user's)")
+        held = next((n for n in names if _holds_state(function.__globals__.get(n))), None)
+        if held:
+            raise Unavailable(f"the step uses {name} ({type(value).__name__}), whose method {method}() reads the "
+                              f"global {held}, which a replay cannot swap for a copy")
+
+
 def _methods_reached(value: Any, called: set[str]) -> list[tuple[str, types.FunctionType]]:
-    """The methods of a user object's class the step may run: those whose names it uses, `__call__`, and those
-    these call through `self.`, as (name, function)."""
+    """The methods of a user object's class the step may run: those whose names it uses, `__call__` and
+    `forward` (calling a module runs it), and those these call through `self.`, as (name, function)."""
     methods = {}
     for klass in reversed(type(value).__mro__):
         for attr, member in vars(klass).items():
             function = getattr(member, "fget", None) or getattr(member, "__func__", member)  # property, static
             if _user_function(function):
                 methods[attr] = function
-    todo, reached = [m for m in methods if m in called or m == "__call__"], {}
+    todo, reached = [m for m in methods if m in called or m in ("__call__", "forward")], {}
     while todo:
         method = todo.pop()
         if method not in reached:
