@@ -175,6 +175,7 @@ def test_a_method_that_reads_a_global_module_with_parameters_is_not_replayed(tmp
 
         HEAD = nn.Linear(2, 1)
         CRITERION = nn.MSELoss()
+        model = nn.Linear(2, 2)  # a global only by name: Trainer reads `self.model`
 
 
         class Judge:
@@ -190,6 +191,22 @@ def test_a_method_that_reads_a_global_module_with_parameters_is_not_replayed(tmp
                 features = torch.sigmoid(model(x))
                 features.mul_(2)
                 judge.score(features).backward()
+
+
+        class Trainer:
+            def __init__(self, model):
+                self.model, self.judge = model, Judge()
+
+            def loss(self, x):
+                features = torch.sigmoid(self.model(x))
+                return self.judge.score(features)
+
+
+        def run_trainer(trainer, data):
+            for x in data:
+                loss = trainer.loss(x)
+                loss.backward()
+                loss.backward()
 
 
         def run_fit(judge, model, data):
@@ -225,6 +242,10 @@ def test_a_method_that_reads_a_global_module_with_parameters_is_not_replayed(tmp
     step = source_step.find(source_step.user_frames(exc))
     with pytest.raises(Unavailable, match=r"uses net \(Net\), whose method forward\(\) reads the global HEAD"):
         step.namespace(poisoned=False)  # calling a module runs its forward
+    exc = raised(namespace["run_trainer"], namespace["Trainer"](model), [torch.randn(3, 2)])
+    step = source_step.find(source_step.user_frames(exc))
+    with pytest.raises(Unavailable, match=r"uses trainer.judge \(Judge\), whose method score\(\) reads the global HEAD"):
+        step.namespace(poisoned=False)  # a user object held by one the step uses
 
     exc = raised(namespace["run_fit"], namespace["Judge"](), model, [torch.randn(3, 2)])
     guard = StateGuard(model, namespace["HEAD"], folder=tmp_path)

@@ -22,6 +22,7 @@ import builtins
 import collections.abc
 import contextlib
 import copy
+import dis
 import io
 import linecache
 import sys
@@ -299,19 +300,29 @@ def _user_object(value: Any) -> bool:
     return any(_user_function(getattr(member, "__func__", member)) for member in vars(type(value)).values())
 
 
-def _refuse_unsafe_methods(name: str, value: Any, called: set[str]) -> None:
+def _refuse_unsafe_methods(name: str, value: Any, called: set[str], seen: set[int] | None = None) -> None:
     """Unavailable if a method of a user object the step may run writes files or reads a global that holds state:
-    a method keeps its own module's globals, which the replay cannot swap for copies."""
+    a method keeps its own module's globals, which the replay cannot swap for copies. The user objects it holds
+    (`self.judge`, a submodule) are checked with what its methods call."""
+    seen = set() if seen is None else seen
+    seen.add(id(value))
+    called = set(called)
     for method, function in _methods_reached(value, called):
         names = _global_names(function.__code__)
         writes = sorted(_WRITES.intersection(names))
         if writes:
             raise Unavailable(f"the step uses {name} ({type(value).__name__}), whose method {method}() calls "
                               f"{writes[0]}(): a replay would run it again (a probe writes no file of the user's)")
-        held = next((n for n in names if _holds_state(function.__globals__.get(n))), None)
+        held = next((n for n in _globals_read(function.__code__) if _holds_state(function.__globals__.get(n))),
+                    None)
         if held:
             raise Unavailable(f"the step uses {name} ({type(value).__name__}), whose method {method}() reads the "
                               f"global {held}, which a replay cannot swap for a copy")
+        called.update(names)
+    held_objects = value.named_children() if isinstance(value, nn.Module) else getattr(value, "__dict__", {}).items()
+    for attr, inner in list(held_objects):
+        if id(inner) not in seen and _user_object(inner):
+            _refuse_unsafe_methods(f"{name}.{attr}", inner, called, seen)
 
 
 def _methods_reached(value: Any, called: set[str]) -> list[tuple[str, types.FunctionType]]:
@@ -338,6 +349,15 @@ def _holds_state(value: Any) -> bool:
     if isinstance(value, nn.Module):
         return next(iter(value.parameters()), None) is not None or next(iter(value.buffers()), None) is not None
     return isinstance(value, torch.optim.Optimizer) or (isinstance(value, torch.Tensor) and value.requires_grad)
+
+
+def _globals_read(code: types.CodeType) -> list[str]:
+    """The global names a function's code loads (not `self.model`'s attribute name, which co_names also holds)."""
+    names = [ins.argval for ins in dis.get_instructions(code) if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")]
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names += _globals_read(const)
+    return names
 
 
 def _global_names(code: types.CodeType) -> list[str]:
