@@ -77,40 +77,38 @@ class SourceStep:
         a module global there uses the copy too)."""
         copier = _Copier(poisoned)
         main = self.frame.f_globals
-        # id(original globals) -> (the original, the replay's copy, what a name there refers to)
-        spaces = {id(main): (main, dict(main), {**vars(builtins), **_frame_values(self.frame)})}
+        # id(a file's globals) -> (the replay's copy of them, what a name there refers to)
+        spaces = {id(main): (dict(main), {**vars(builtins), **_frame_values(self.frame)})}
         wanted, seen = [(name, id(main)) for name in self.reads], set()
-        called = set(_global_names(self.code))  # names the step and the user functions it reaches use
+        called = set(_names_used(self.code))  # names the step and the user functions it reaches use
         objects = []
         while wanted:
             name, space = wanted.pop(0)
-            _, copied, values = spaces[space]
+            copied, values = spaces[space]
             if (name, space) in seen or name not in values:
                 continue
             seen.add((name, space))
             value = values[name]
             if _user_function(value):
-                names = _global_names(value.__code__)
-                writes = sorted(_WRITES.intersection(names))
-                if writes:
-                    raise Unavailable(f"the step calls {name}(), which calls {writes[0]}(): a replay would run it "
+                write = _write_in(value.__code__)
+                if write:
+                    raise Unavailable(f"the step calls {name}(), which calls {write}(): a replay would run it "
                                       f"again (a probe writes no file of the user's)")
                 home = value.__globals__
                 if id(home) not in spaces:
-                    spaces[id(home)] = (home, dict(home), {**vars(builtins), **home})
-                wanted += [(inner, id(home)) for inner in names]
-                called.update(names)
+                    spaces[id(home)] = (dict(home), {**vars(builtins), **home})
+                wanted += [(inner, id(home)) for inner in _globals_read(value.__code__)]
+                called.update(_names_used(value.__code__))
             elif _user_object(value):
                 objects.append((name, value))
             copied[name] = copier.copy(name, value)
         for name, value in objects:
             _refuse_unsafe_methods(name, value, called)
-        rebinding = {id(original): copied for original, copied, _ in spaces.values()}
-        for _, copied, _ in spaces.values():
+        for copied, _ in spaces.values():
             for name, value in list(copied.items()):
-                if _user_function(value) and id(value.__globals__) in rebinding:
-                    copied[name] = _rebound(value, rebinding[id(value.__globals__)])
-        return spaces[id(main)][1], copier.modules
+                if _user_function(value) and id(value.__globals__) in spaces:
+                    copied[name] = _rebound(value, spaces[id(value.__globals__)][0])
+        return spaces[id(main)][0], copier.modules
 
     def run(self, namespace: dict[str, Any]) -> None:
         """Run the statements; what they print is swallowed, what they raise propagates."""
@@ -308,17 +306,16 @@ def _refuse_unsafe_methods(name: str, value: Any, called: set[str], seen: set[in
     seen.add(id(value))
     called = set(called)
     for method, function in _methods_reached(value, called):
-        names = _global_names(function.__code__)
-        writes = sorted(_WRITES.intersection(names))
-        if writes:
+        write = _write_in(function.__code__)
+        if write:
             raise Unavailable(f"the step uses {name} ({type(value).__name__}), whose method {method}() calls "
-                              f"{writes[0]}(): a replay would run it again (a probe writes no file of the user's)")
+                              f"{write}(): a replay would run it again (a probe writes no file of the user's)")
         held = next((n for n in _globals_read(function.__code__) if _holds_state(function.__globals__.get(n))),
                     None)
         if held:
             raise Unavailable(f"the step uses {name} ({type(value).__name__}), whose method {method}() reads the "
                               f"global {held}, which a replay cannot swap for a copy")
-        called.update(names)
+        called.update(_names_used(function.__code__))
     held_objects = value.named_children() if isinstance(value, nn.Module) else getattr(value, "__dict__", {}).items()
     for attr, inner in list(held_objects):
         if id(inner) not in seen and _user_object(inner):
@@ -339,7 +336,7 @@ def _methods_reached(value: Any, called: set[str]) -> list[tuple[str, types.Func
         method = todo.pop()
         if method not in reached:
             reached[method] = methods[method]
-            todo += [n for n in _global_names(methods[method].__code__) if n in methods]
+            todo += [n for n in _names_used(methods[method].__code__) if n in methods]
     return list(reached.items())
 
 
@@ -360,11 +357,18 @@ def _globals_read(code: types.CodeType) -> list[str]:
     return names
 
 
-def _global_names(code: types.CodeType) -> list[str]:
+def _write_in(code: types.CodeType) -> str | None:
+    """The first (by name) call in a function's code that writes files, sends data or runs programs."""
+    writes = sorted(_WRITES.intersection(_names_used(code)))
+    return writes[0] if writes else None
+
+
+def _names_used(code: types.CodeType) -> list[str]:
+    """The global and attribute names a function's code uses (`torch.save` gives torch and save)."""
     names = list(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            names += _global_names(const)
+            names += _names_used(const)
     return names
 
 
