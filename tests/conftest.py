@@ -1,11 +1,29 @@
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+_ISOLATED_HOMES: str | None = None
+
+
+def pytest_configure(config):
+    """The suite's rule cache and config live in a temp folder, never in the user's ~/.cache or ~/.config."""
+    global _ISOLATED_HOMES
+    _ISOLATED_HOMES = tempfile.mkdtemp(prefix="triage-tests-")
+    for name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
+        os.environ[name] = os.path.join(_ISOLATED_HOMES, name.lower())
+
+
+def pytest_unconfigure(config):
+    if _ISOLATED_HOMES:
+        shutil.rmtree(_ISOLATED_HOMES, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -12,11 +12,14 @@ import hashlib
 import os
 import pickle
 import sys
+import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
 _ENGINE_FILES = ("rule.py", "loader.py", "yamlpos.py", "templates.py", "safe_regex.py", "cache.py")
+# Each set of rule files, rules folders and engine version is one entry; a few cover a user's projects.
+MAX_ENTRIES = 16
 
 
 def cache_dir() -> Path:
@@ -34,7 +37,9 @@ def cached(files: list[Path], salt: str, build: Callable[[], T]) -> T:
     path = cache_dir() / f"kb-{key}.pickle"
     try:
         with open(path, "rb") as handle:
-            return pickle.load(handle)
+            value = pickle.load(handle)
+        os.utime(path)  # recently used entries survive pruning
+        return value
     except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, TypeError, ValueError):
         pass
     value = build()
@@ -45,9 +50,29 @@ def cached(files: list[Path], salt: str, build: Callable[[], T]) -> T:
         with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as handle:
             pickle.dump(value, handle, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(handle.name, path)
+        prune(path.parent)
     except OSError:
         pass  # a read-only home is no reason to fail
     return value
+
+
+def prune(folder: Path, keep: int = MAX_ENTRIES) -> None:
+    """Delete all but the `keep` most recently used entries (and temp files a killed writer left)."""
+    entries = []
+    for entry in folder.glob("kb-*.pickle"):
+        try:
+            entries.append((entry.stat().st_mtime_ns, entry))
+        except OSError:
+            continue
+    entries.sort(reverse=True)
+    for _, stale in entries[keep:]:
+        stale.unlink(missing_ok=True)
+    for leftover in folder.glob("tmp*.tmp"):
+        try:
+            if leftover.stat().st_mtime < time.time() - 3600:
+                leftover.unlink(missing_ok=True)
+        except OSError:
+            continue
 
 
 def _key(files: list[Path], salt: str) -> str | None:
