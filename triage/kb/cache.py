@@ -51,8 +51,9 @@ def cached(files: list[Path], salt: str, build: Callable[[], T]) -> T:
 
 
 def _key(files: list[Path], salt: str) -> str | None:
-    from .. import __version__
-    from ..probes import PROBES, registered_probes
+    from ..probe_registry import PROBES
+    from ..probes import registered_probes
+    from ..version import __version__
 
     engine = Path(__file__).resolve().parent
     # Probes installed through entry points change validation too, but scanning every installed
