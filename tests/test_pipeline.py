@@ -23,6 +23,7 @@ from triage.pipeline import LiveContext, choose_root_exception, triage_incident
 from triage.probe_registry import PROBES
 from triage.report_dir import ReportWriter
 from triage.runner.pipeline import Reporter
+from triage.runner.postmortem import descendants
 from triage.tracking import Tracker
 
 RULE = """\
@@ -173,7 +174,7 @@ def test_a_triage_killed_during_an_experiment_leaves_its_report(tmp_path):
     folder = tmp_path / "report"
     run = subprocess.Popen([sys.executable, "-m", "triage", "--hang-timeout", "0", "--report-dir", str(folder),
                             str(script)], cwd=tmp_path, env=triage_env(TRIAGE_DEBUG=""),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
         while not (folder / "report.json").is_file() and time.monotonic() < deadline and run.poll() is None:
@@ -181,11 +182,19 @@ def test_a_triage_killed_during_an_experiment_leaves_its_report(tmp_path):
         time.sleep(1.0)  # well inside the replay's sleep
         written = json.loads((folder / "report.json").read_text(encoding="utf-8"))
         assert run.poll() is None and written["complete"] is False
-        os.kill(written["run"]["pid"], signal.SIGKILL)  # the child that runs the script and its probes
+        child = written["run"]["pid"]  # the process that runs the script and its probes
+        for pid in [child, *descendants(child)]:  # an experiment may run in a process of its own
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         _, stderr = run.communicate(timeout=60)
     finally:
-        if run.poll() is None:
-            run.kill()
+        try:
+            os.killpg(run.pid, signal.SIGKILL)  # whatever is left of the run's process group
+        except ProcessLookupError:
+            pass
+        if run.returncode is None:
             run.communicate()
     assert run.returncode == 1, stderr  # python's status for the script's exception, whatever killed triage
     report = json.loads((folder / "report.json").read_text(encoding="utf-8"))
