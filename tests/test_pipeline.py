@@ -19,7 +19,7 @@ from triage.diagnosis import Diagnosis, ProbeResult
 from triage.incident import ExceptionInfo, Incident
 from triage.kb.loader import load_paths
 from triage.logparse import parse_text
-from triage.pipeline import LiveContext, choose_root_exception, triage_incident
+from triage.pipeline import LiveContext, choose_root_exception, print_summary, triage_incident
 from triage.probe_registry import PROBES
 from triage.report_dir import ReportWriter
 from triage.runner.pipeline import Reporter
@@ -94,6 +94,17 @@ def test_without_a_live_context_there_is_one_complete_write_and_no_experiment(tm
     report = triage_incident(parse_text(TRACEBACK), order_rules, source="log")
     assert report.source == "log" and report.diagnoses[0].rule == "test.order-of-writes"
     assert report.diagnoses[0].probes == [] and report.artifacts == {}
+
+
+def test_a_folder_that_cannot_be_written_costs_the_files_not_the_diagnosis(tmp_path, order_rules):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    stream = io.StringIO()
+    report = triage_incident(parse_text(TRACEBACK), order_rules, writer=ReportWriter(blocked))
+    print_summary(report, stream, folder=blocked)
+    assert report.diagnoses[0].rule == "test.order-of-writes"
+    assert [w for w in report.warnings if w.startswith(f"could not write the report folder {blocked}: ")]
+    assert "Division by zero in the script" in stream.getvalue() and "report written to" not in stream.getvalue()
 
 
 def test_the_runner_and_the_wrapper_write_the_same_report_with_one_writer(tmp_path, order_rules, monkeypatch):

@@ -69,19 +69,29 @@ def triage_incident(
     if rerun is not None:
         report.rerun = rerun()
     if live is not None and report.diagnoses and any(d.probe_names for d in report.diagnoses):
-        if writer is not None:
-            writer.write(report, timings=timings, complete=False)  # before the first experiment
+        _write(writer, report, timings, complete=False)  # before the first experiment
         started = time.monotonic()
         run_experiments(report, live, writer.folder if writer is not None else None,
-                        on_result=(lambda: writer.write(report, timings=timings, complete=False)) if writer else None)
+                        on_result=lambda: _write(writer, report, timings, complete=False))
         timings["probes_s"] = time.monotonic() - started
         if rerun is not None:
             report.rerun = rerun()
-    if writer is not None:
-        started = time.monotonic()
-        writer.write(report, timings=timings)
-        timings["report_s"] = time.monotonic() - started
+    started = time.monotonic()
+    _write(writer, report, timings, complete=True)
+    timings["report_s"] = time.monotonic() - started
     return report
+
+
+def _write(writer: ReportWriter | None, report: Report, timings: dict[str, float], *, complete: bool) -> None:
+    """A folder that cannot be written (a full disk, a read-only tree) costs the files, never the diagnosis."""
+    if writer is None:
+        return
+    try:
+        writer.write(report, timings=timings, complete=complete)
+    except OSError as exc:
+        warning = f"could not write the report folder {writer.folder}: {exc}"
+        if warning not in report.warnings:
+            report.warnings.append(warning)
 
 
 def diagnose_incident(incident: Incident, kb: KnowledgeBase, *, source: str = "run",
@@ -152,6 +162,6 @@ def print_summary(report: Report, stream: IO[str], *, folder: Path | None = None
     if lead_in:
         stream.write(lead_in.rstrip("\n") + "\n")
     to_terminal(report, stream)
-    if folder is not None:
+    if folder is not None and (folder / "report.md").is_file():
         stream.write(f"triage: report written to {shown_path(folder / 'report.md')}\n")
     stream.flush()

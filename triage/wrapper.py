@@ -74,15 +74,20 @@ def diagnose_live(incident: Any, exception: BaseException | None, tracker: Track
     incident.environment = incident.environment or environment()
     incident.rank = incident.rank if incident.rank is not None else launcher_rank()
     kb = load_knowledge_base(list(_settings.rules))
-    folder = _report_folder()
+    warnings = rule_warnings(kb)
+    try:
+        folder: Path | None = _report_folder()
+    except OSError as exc:  # the diagnosis still prints
+        folder = None
+        warnings.append(f"could not create a report folder: {exc}")
     live = LiveContext(exception=exception, tracker=tracker) if _settings.probes else None
-    report = triage_incident(incident, kb, source="run", live=live, writer=ReportWriter(folder),
-                             rerun=lambda: _rerun_commands(folder), warnings=rule_warnings(kb))
+    report = triage_incident(incident, kb, source="run", live=live, writer=ReportWriter(folder) if folder else None,
+                             rerun=lambda: _rerun_commands(folder), warnings=warnings)
     print_summary(report, _settings.stream or sys.stderr, folder=folder)
     return report
 
 
-def _rerun_commands(report_dir: Path) -> dict[str, str | None] | None:
+def _rerun_commands(report_dir: Path | None) -> dict[str, str | None] | None:
     """How to re-run this script under triage; None in a notebook or `python -c`, which have no script to name."""
     from .replay import rerun_commands
 
