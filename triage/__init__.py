@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from .version import __version__
+
 _WRAPPER_NAMES = ("install", "uninstall", "watch", "track", "NonFiniteError")
 __all__ = ["__version__", *_WRAPPER_NAMES]
 

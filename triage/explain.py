@@ -1,22 +1,14 @@
-"""The explain pipeline for pasted logs: read -> parse -> match -> Report. Never imports torch."""
+"""`triage explain`: a pasted log, read and parsed into an Incident, through the one pipeline. Never imports torch."""
 
 from __future__ import annotations
 
 from .diagnosis import Report
 from .kb.loader import KnowledgeBase
-from .kb.matcher import diagnose
 from .logparse import parse_log
 from .logread import read_log
+from .pipeline import triage_incident
 
 
 def explain_log(path: str | None, kb: KnowledgeBase) -> Report:
     """Diagnose the log at `path` (standard input for None or '-'); raises LogReadError if unreadable."""
-    incident = parse_log(read_log(path))
-    warnings: list[str] = []
-    diagnoses = diagnose(incident, kb, warnings)
-    if diagnoses and diagnoses[0].exception_index is not None:
-        # The exception the leading diagnosis explains is the root cause the report shows.
-        incident.exception = incident.exceptions[diagnoses[0].exception_index]
-        incident.rank = incident.exception.rank if incident.exception.rank is not None else incident.rank
-        incident.worker = incident.exception.worker
-    return Report(source="log", incident=incident, diagnoses=diagnoses, warnings=warnings)
+    return triage_incident(parse_log(read_log(path)), kb, source="log")

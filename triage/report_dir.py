@@ -58,6 +58,56 @@ def claim_folder(*, explicit: str | None, root: str, label: str, run_id: str, wh
     raise OSError(f"no free report folder in {base.parent}")
 
 
+class ReportWriter:
+    """Writes one incident's folder, as often as its report changes.
+
+    The `texts` (name -> content: stacks, crash dumps) are written once, with the
+    first report; report.json and report.md each time, each replaced in one step
+    so that a reader, or a triage killed mid-write, never sees half a file.
+    `complete=False` marks a report whose experiments are still running.
+    """
+
+    def __init__(self, folder: Path, *, run: dict[str, Any] | None = None, texts: dict[str, str] | None = None,
+                 json_copy: str | None = None) -> None:
+        self.folder = Path(folder)
+        self.run = run
+        self.json_copy = json_copy
+        self._texts = dict(texts or {})
+        self._text_paths: dict[str, str] = {}
+
+    def write(self, report: Report, *, timings: dict[str, float] | None = None, complete: bool = True) -> dict[str, str]:
+        """Write report.json and report.md (and, the first time, the texts); returns the artifact paths."""
+        for name, content in self._texts.items():
+            path = self.folder / name
+            path.write_text(content, encoding="utf-8", errors="replace")
+            self._text_paths[name.rsplit(".", 1)[0]] = str(path)
+        self._texts.clear()
+        md_path = self.folder / "report.md"
+        json_path = self.folder / "report.json"
+        artifacts = {**probe_artifacts(report, self.folder), **report.artifacts, **self._text_paths}
+        artifacts["report_md"] = str(md_path)
+        artifacts["report_json"] = str(json_path)
+        report.artifacts = artifacts
+        note = "" if complete else INCOMPLETE_NOTE
+        _replace(md_path, to_markdown(report) + note + live_state_markdown(report))
+        data = report.to_dict()
+        data["complete"] = complete
+        if self.run:
+            data["run"] = self.run
+        if timings:
+            data["timings"] = {name: round(value, 4) for name, value in timings.items()}
+        text = json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n"
+        _replace(json_path, text)
+        if self.json_copy:
+            Path(self.json_copy).parent.mkdir(parents=True, exist_ok=True)
+            _replace(Path(self.json_copy), text)
+        return artifacts
+
+
+INCOMPLETE_NOTE = ("\n> Experiments were still running when this report was written: the probes listed are those "
+                   "that had finished, and the ranking is the matcher's.\n")
+
+
 def write_report(
     report: Report,
     folder: Path,
@@ -67,29 +117,30 @@ def write_report(
     texts: dict[str, str] | None = None,
     json_copy: str | None = None,
 ) -> dict[str, str]:
-    """Write report.json, report.md and `texts` (name -> content) into `folder`; returns the artifact paths."""
-    artifacts = dict(report.artifacts)
-    for name, content in (texts or {}).items():
-        path = folder / name
-        path.write_text(content, encoding="utf-8", errors="replace")
-        artifacts[name.rsplit(".", 1)[0]] = str(path)
-    md_path = folder / "report.md"
-    json_path = folder / "report.json"
-    artifacts["report_md"] = str(md_path)
-    artifacts["report_json"] = str(json_path)
-    report.artifacts = artifacts
-    md_path.write_text(to_markdown(report) + live_state_markdown(report), encoding="utf-8")
-    data = report.to_dict()
-    if run:
-        data["run"] = run
-    if timings:
-        data["timings"] = {name: round(value, 4) for name, value in timings.items()}
-    text = json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n"
-    json_path.write_text(text, encoding="utf-8")
-    if json_copy:
-        Path(json_copy).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_copy).write_text(text, encoding="utf-8")
-    return artifacts
+    """Write report.json, report.md and `texts` (name -> content) into `folder` once; returns the artifact paths."""
+    return ReportWriter(folder, run=run, texts=texts, json_copy=json_copy).write(report, timings=timings)
+
+
+def probe_artifacts(report: Report, folder: Path) -> dict[str, str]:
+    """Files the probes left in the report folder, by name without extension (batch.pt -> "batch")."""
+    found: dict[str, str] = {}
+    for diagnosis in report.diagnoses:
+        for result in diagnosis.probes:
+            for artifact in result.artifacts:
+                path = Path(artifact)
+                if path.is_file() and path.resolve().parent == folder.resolve():
+                    found.setdefault(path.name.split(".", 1)[0], str(path))
+    return found
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file renamed over it."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def live_state_markdown(report: Report) -> str:

@@ -15,7 +15,6 @@ optimizer steps.
 from __future__ import annotations
 
 import ctypes
-import datetime
 import math
 from math import isfinite
 import os
@@ -56,48 +55,39 @@ class _Settings:
 _settings = _Settings()
 
 
-def _report_dir() -> Path:
-    if _settings.report_dir is not None:
-        return _settings.report_dir
+def _report_folder() -> Path:
+    """This incident's own folder: the one install() named (then DIR-2, ... for later incidents), or a new one."""
+    from .report_dir import DEFAULT_ROOT, claim_folder
+
     script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "python"
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("triage-reports") / f"{stamp}-{script or 'python'}"
+    return claim_folder(explicit=str(_settings.report_dir) if _settings.report_dir is not None else None,
+                        root=DEFAULT_ROOT, label=script or "python", run_id=str(os.getpid()))
 
 
 def diagnose_live(incident: Any, exception: BaseException | None, tracker: Tracker = TRACKER) -> Any:
-    """Match, probe and report a live incident; returns the Report (also written and printed)."""
-    from . import render
-    from .diagnosis import Report
+    """Match, probe and report a live incident through the one pipeline; returns the Report (also written and printed)."""
+    from .capture.environment import environment, launcher_rank
     from .kb import load_knowledge_base
-    from .kb.matcher import diagnose
-    from .probes.runner import context_from_failure, run_probes
+    from .pipeline import LiveContext, print_summary, rule_warnings, triage_incident
+    from .report_dir import ReportWriter
 
-    report_dir = _report_dir()
+    incident.environment = incident.environment or environment()
+    incident.rank = incident.rank if incident.rank is not None else launcher_rank()
     kb = load_knowledge_base(list(_settings.rules))
-    warnings: list[str] = []
-    diagnoses = diagnose(incident, kb, warnings)
-    if diagnoses and diagnoses[0].exception_index is not None and incident.exceptions:
-        incident.exception = incident.exceptions[diagnoses[0].exception_index]
-    if _settings.probes:
-        ctx = context_from_failure(incident, exception, report_dir, tracker=tracker)
-        run_probes(diagnoses, ctx)
-    report = Report(source="run", incident=incident, diagnoses=diagnoses, environment=_environment(),
-                    warnings=warnings, rerun=_rerun_commands(report_dir))
+    warnings = rule_warnings(kb)
     try:
-        report_dir.mkdir(parents=True, exist_ok=True)
-        (report_dir / "report.json").write_text(render.to_json(report), encoding="utf-8")
-        (report_dir / "report.md").write_text(render.to_markdown(report), encoding="utf-8")
-        report.artifacts["report_md"] = str(report_dir / "report.md")
-        batch = report_dir / "batch.pt"
-        if batch.exists():
-            report.artifacts["batch"] = str(batch)
-    except OSError as exc:
-        report.warnings.append(f"could not write the report folder {report_dir}: {exc}")
-    render.to_terminal(report, _settings.stream or sys.stderr)
+        folder: Path | None = _report_folder()
+    except OSError as exc:  # the diagnosis still prints
+        folder = None
+        warnings.append(f"could not create a report folder: {exc}")
+    live = LiveContext(exception=exception, tracker=tracker) if _settings.probes else None
+    report = triage_incident(incident, kb, source="run", live=live, writer=ReportWriter(folder) if folder else None,
+                             rerun=lambda: _rerun_commands(folder), warnings=warnings)
+    print_summary(report, _settings.stream or sys.stderr, folder=folder)
     return report
 
 
-def _rerun_commands(report_dir: Path) -> dict[str, str | None] | None:
+def _rerun_commands(report_dir: Path | None) -> dict[str, str | None] | None:
     """How to re-run this script under triage; None in a notebook or `python -c`, which have no script to name."""
     from .replay import rerun_commands
 
@@ -108,17 +98,6 @@ def _rerun_commands(report_dir: Path) -> dict[str, str | None] | None:
     if getattr(main, "__file__", None) is None:
         return None
     return rerun_commands(sys.argv[0], sys.argv[1:], report_dir=report_dir)
-
-
-def _environment() -> dict[str, Any]:
-    import platform
-
-    env: dict[str, Any] = {"python": platform.python_version()}
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        env["torch"] = getattr(torch, "__version__", None)
-        env["cuda"] = getattr(getattr(torch, "version", None), "cuda", None)
-    return env
 
 
 def incident_from_exception(exc: BaseException) -> Any:

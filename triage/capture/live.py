@@ -18,7 +18,7 @@ import types
 from typing import Any
 
 from ..incident import ExceptionInfo, Frame, Incident, is_user_path
-from ..probes.context import ProbeContext
+from ..context import ProbeContext
 from .environment import environment, launcher_rank
 from .frames import is_hidden_file, user_traceback
 from .secrets import SCRUBBED, is_secret_name, scrub_text

@@ -76,8 +76,9 @@ def prune(folder: Path, keep: int = MAX_ENTRIES) -> None:
 
 
 def _key(files: list[Path], salt: str) -> str | None:
-    from .. import __version__
-    from ..probes import PROBES, registered_probes
+    from ..probe_registry import PROBES
+    from ..probes import registered_probes
+    from ..version import __version__
 
     engine = Path(__file__).resolve().parent
     # Probes installed through entry points change validation too, but scanning every installed

@@ -10,16 +10,10 @@ from pathlib import Path
 from ..probes import CustomProbe
 from .cache import cached
 from .rule import Problem, Rule, build_rule
+from .searchpath import CONFIG_NAME, builtin_rules_dir, read_config
 from .yamlpos import MAX_RULE_FILE_BYTES, LocatedList, Position, YamlError, load_located
 
 RULE_SUFFIXES = (".yaml", ".yml")
-
-
-def builtin_rules_dir() -> Path:
-    """The shipped knowledge base: inside the installed package, or beside it in a checkout."""
-    package = Path(__file__).resolve().parent.parent
-    installed = package / "knowledge_base"
-    return installed if installed.is_dir() else package.parent / "knowledge_base"
 
 
 @dataclass(frozen=True)
@@ -72,8 +66,6 @@ def rule_files(path: Path) -> list[Path]:
 
     A folder's own triage.yaml is its configuration, not rules; hidden files and folders are skipped.
     """
-    from .searchpath import CONFIG_NAME
-
     if path.is_file():
         return [path]
     found = []
@@ -171,8 +163,6 @@ def load_layers(layers: list) -> KnowledgeBase:
     validates in every layer; then each layer's rules replace same-id rules of
     earlier layers (in place, keeping their rank); then disabled ids are removed.
     """
-    from .searchpath import CONFIG_NAME, read_config
-
     kb = KnowledgeBase()
     configs = {}
     for layer in layers:

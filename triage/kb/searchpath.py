@@ -55,6 +55,13 @@ class LayerConfig:
     problems: list[Problem] = field(default_factory=list)
 
 
+def builtin_rules_dir() -> Path:
+    """The shipped knowledge base: inside the installed package, or beside it in a checkout."""
+    package = Path(__file__).resolve().parent.parent
+    installed = package / "knowledge_base"
+    return installed if installed.is_dir() else package.parent / "knowledge_base"
+
+
 def user_rules_dir(env: Mapping[str, str] | None = None) -> Path:
     """$XDG_CONFIG_HOME/triage/rules, or ~/.config/triage/rules when XDG_CONFIG_HOME is unset or relative."""
     env = os.environ if env is None else env
@@ -82,8 +89,6 @@ def search_path(
     builtin: bool = True,
 ) -> list[Layer]:
     """Every layer in force, earliest first; a folder that appears twice is kept at its first place."""
-    from .loader import builtin_rules_dir
-
     env = os.environ if env is None else env
     layers: list[Layer] = [Layer("built-in", builtin_rules_dir())] if builtin else []
     user = user_rules_dir(env)

@@ -27,7 +27,7 @@ from .context import ProbeContext
 NEUTRAL = frozenset({"save_batch"})
 
 
-def run_probes(diagnoses: list[Diagnosis], ctx: ProbeContext) -> None:
+def run_probes(diagnoses: list[Diagnosis], ctx: ProbeContext, *, on_result: Callable[[], None] | None = None) -> None:
     """Run every probe each diagnosis names (once per probe and hypothesis), then re-rank `diagnoses` in place."""
     start = time.monotonic()
     done: dict[tuple, ProbeResult] = {}
@@ -45,6 +45,8 @@ def run_probes(diagnoses: list[Diagnosis], ctx: ProbeContext) -> None:
                                     min(ctx.time_limit_s, remaining))
             done[key] = outcome
             diagnosis.probes.append(outcome)
+            if on_result:
+                on_result()
     rerank(diagnoses)
 
 

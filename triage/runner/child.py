@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from .. import tracking
 from ..tracking import TRACKER
 from .channel import CRASH_DUMP, DUMP_SIGNAL, PHASE_EXITING, PHASE_RUNNING, PHASE_TRIAGING, STACK_DUMP, STATUS, WORKERS, Channel
-from .cli import interpreter_argv
+from .options import interpreter_argv
 from .hooks import Heartbeat, TorchHooks, TorchImportWatcher, WarningRecorder
 
 EXIT_INTERNAL_DEBUG = 70

@@ -17,7 +17,7 @@ import time
 from typing import NoReturn
 
 from .channel import PHASE_TRIAGING, STATUS, Beat, Channel
-from .cli import RunOptions, interpreter_argv
+from .options import RunOptions, interpreter_argv
 
 SI_KERNEL = 0x80  # si_code of a signal the kernel generated (the terminal's Ctrl-C, Ctrl-\, hangup)
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
