@@ -16,9 +16,9 @@ MAX_LINE_CHARS = 64 * 1024
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()][A-Za-z0-9]|\x1b[=>]")
 
 _RANK_PREFIXES = (
-    re.compile(r"\[(?:rank|default|RANK)(?P<rank>\d+)\]:\s?"),  # torch's own, torchrun --tee
-    re.compile(r"\[\d+,(?P<rank>\d+)\]<std(?:out|err)>:\s?"),  # Open MPI --tag-output
-    re.compile(r"(?:rank|RANK)\s?(?P<rank>\d+):\s"),
+    re.compile(r"\[(?:rank|default|RANK)(?P<rank>\d{1,9})\]:\s?"),  # torch's own, torchrun --tee
+    re.compile(r"\[\d+,(?P<rank>\d{1,9})\]<std(?:out|err)>:\s?"),  # Open MPI --tag-output
+    re.compile(r"(?:rank|RANK)\s?(?P<rank>\d{1,9}):\s"),
     re.compile(r"(?P<rank>\d{1,4}): (?=\S|\s+File |\s{2,}\S)"),  # srun --label
 )
 
@@ -46,7 +46,8 @@ _GLUED_ERROR = re.compile(r"(?<=\))(?:[a-z_]\w*\.)*[A-Z]\w*Error: ")
 # Where "Traceback" legitimately follows text on a line: IPython's header, a worker's
 # "Original Traceback", rich's box.
 _KEEPS_TRACEBACK_ON_LINE = re.compile(r"\s*(?:[A-Za-z_][\w.]*\s{2,}|Original |╭)")
-_PDB_LOCATION = re.compile(r"> \S.*\(\d+\)\S*\(\)")
+# pdb's `> /path/file.py(12)func()`; `[^()]*` keeps it linear (`.*` then `\S*` backtracked per parenthesis).
+_PDB_LOCATION = re.compile(r"> \S[^()]*\(\d+\)[^()\s]*\(\)")
 _QUOTE = re.compile(r"(?:> ?)+")
 
 

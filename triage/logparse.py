@@ -33,7 +33,8 @@ LOG_LINES_NOTABLE = 200
 
 _TRACEBACK_HEAD = re.compile(r"\s*(?:Original )?Traceback \(most recent call last\):?\s*$")
 _RICH_HEAD = re.compile(r"╭─+ Traceback \(most recent call last\) ─+╮")
-_RICH_FRAME = re.compile(r"(?P<file>[^\s│╭╰].*?):(?P<line>\d+) in ?(?P<func>[\w.<>]*)$")
+# Numbers are at most 9 digits: a hostile 65 KB run of digits would otherwise reach int() and overflow its limit.
+_RICH_FRAME = re.compile(r"(?P<file>[^\s│╭╰].*?):(?P<line>\d{1,9}) in ?(?P<func>[\w.<>]*)$")
 _RICH_ARROW = re.compile(r"❱\s*\d+\s*(?:│\s*)*(?P<code>.*)$")
 _IPYTHON_HEAD = re.compile(r"(?P<type>[A-Za-z_][\w.]*)\s{2,}Traceback \(most recent call last\)")
 _VSCODE_HEAD = re.compile(r"Exception has occurred: (?P<type>[A-Za-z_][\w.]*)\s*$")
@@ -48,15 +49,17 @@ SIDE_GAP_LINES = 60
 _CAUSE = "The above exception was the direct cause of the following exception"
 _CONTEXT = "During handling of the above exception, another exception occurred"
 
-_FRAME = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+)(?:, in (?P<func>.+?))?\s*$')
-_IPY_CELL = re.compile(r"\s*Cell In ?\[(?P<cell>\d+)\], line (?P<line>\d+)(?:, in (?P<func>[^(\s]+))?")
-_IPY_INPUT = re.compile(r"\s*Input In ?\[(?P<cell>\d+)\], in (?P<func>.+?)(?:\(\))?\s*$")
-_IPY_FILE = re.compile(r"\s*File (?P<file>[^\"\s].*?):(?P<line>\d+), in (?P<func>[^(\s]+)")
+# Each pattern below is linear in the line's length: no two neighbouring quantifiers can match the same
+# characters (a lazy `.+?` before `\s*$` re-scanned a run of spaces once per space: a 65 KB line took minutes).
+_FRAME = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d{1,9})(?:, in (?P<func>.*\S))?\s*$')
+_IPY_CELL = re.compile(r"\s*Cell In ?\[(?P<cell>\d{1,9})\], line (?P<line>\d{1,9})(?:, in (?P<func>[^(\s]+))?")
+_IPY_INPUT = re.compile(r"\s*Input In ?\[(?P<cell>\d{1,9})\], in (?P<func>.*\S)\s*$")  # a trailing "()" is cut after
+_IPY_FILE = re.compile(r"\s*File (?P<file>[^\"\s].*?):(?P<line>\d{1,9}), in (?P<func>[^(\s]+)")
 _IPY_OLD = re.compile(r"(?P<file><ipython-input-[^>]+>|[~/.][^\s]*|[A-Za-z]:\\\S*) in (?P<func>[\w.<>]+)(?:\(.*\))?\s*$")
-_IPY_ARROW = re.compile(r"-*> ?(?P<line>\d+)\s(?P<code>.*)$")
+_IPY_ARROW = re.compile(r"-*> ?(?P<line>\d{1,9})\s(?P<code>.*)$")
 _IPY_CONTEXT_LINE = re.compile(r"\s+\d+\s")
 _CARETS = re.compile(r"\s*[~^]+\s*$")
-_REPEATED = re.compile(r"\s*\[Previous line repeated (?P<count>\d+) more times?\]")
+_REPEATED = re.compile(r"\s*\[Previous line repeated (?P<count>\d{1,9}) more times?\]")
 
 # After a traceback's frames: `RuntimeError: msg`, `torch.OutOfMemoryError: msg`, `_queue.Empty`.
 _EXCEPTION_LINE = re.compile(r"(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*)(?::(?: (?P<msg>.*)|$)|$)")
@@ -70,13 +73,13 @@ _BARE_ERROR_LINE = re.compile(
 _NOT_MESSAGE = re.compile(
     r"\S+\.(?:cu|cuh|cpp|h|c):\d+: .*Assertion `|\S+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)|\[W\d{3,4} "
 )
-_WORKER = re.compile(r"in DataLoader worker process (?P<worker>\d+)")
-_SPAWNED_PROCESS = re.compile(r"-- Process (?P<rank>\d+) terminated with the following error")
+_WORKER = re.compile(r"in DataLoader worker process (?P<worker>\d{1,9})")
+_SPAWNED_PROCESS = re.compile(r"-- Process (?P<rank>\d{1,9}) terminated with the following error")
 _WRAPPER_TYPES = {"ChildFailedError", "ProcessRaisedException", "ProcessExitedException", "Empty"}
 
-_TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+) \(local_rank:")
-_TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)")
-_SIGNAL_RECEIVED = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG[A-Z]+)\) received by PID")
+_TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d{1,9}) \(local_rank:")
+_TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d{1,9})")
+_SIGNAL_RECEIVED = re.compile(r"Signal (?P<num>\d{1,9}) \((?P<name>SIG[A-Z]+)\) received by PID")
 _SHELL_DEATH = re.compile(
     r"(?:^|\s)(?P<what>Killed|Segmentation fault|Bus error|Aborted|Floating point exception|Illegal instruction)"
     r"(?: \(core dumped\))?(?:\s+.*)?$"
@@ -91,7 +94,7 @@ _SIGNALS = {
     "Illegal instruction": ("SIGILL", 4),
 }
 _NAN_LINE = re.compile(
-    r"(?i)(?:loss|grad(?:ient)?s?(?:[ _]norm)?)['\"\]]?\s*[=:]?\s*[-+]?(?:nan|inf)\b"
+    r"(?i)(?:loss|grad(?:ient)?s?(?:[ _]norm)?)['\"\]]?\s*(?:[=:]\s*)?[-+]?(?:nan|inf)\b"
     r"|\bnan\b[^\n]{0,30}\b(?:loss|detected|encountered)\b"
     r"|non-finite (?:loss|gradients|model output) at step \d+"  # the wrapper's own report lines
 )
@@ -458,7 +461,7 @@ def _ipython_frame(text: str) -> Frame | None:
         return Frame(f"Cell In[{match.group('cell')}]", int(match.group("line")), function, user=True)
     match = _IPY_INPUT.match(text)
     if match:
-        return Frame(f"Input In [{match.group('cell')}]", None, match.group("func"), user=True)
+        return Frame(f"Input In [{match.group('cell')}]", None, match.group("func").removesuffix("()").rstrip(), user=True)
     if text.startswith("File ") or text.startswith(" File "):
         match = _IPY_FILE.match(text)
         if match:
@@ -487,9 +490,15 @@ def _assemble(streams: list[_Stream]) -> Incident:
     if root is not None:
         incident.rank, incident.worker = root.rank, root.worker
     _read_deaths(incident, context, exceptions)
-    if root is None and incident.signal is None and any(_NAN_LINE.search(line.text) for line in context):
+    if root is None and incident.signal is None and any(_says_nan(line.text) for line in context):
         incident.kind = "nan"
     return incident
+
+
+def _says_nan(text: str) -> bool:
+    """A loss or gradient reported as NaN/Inf; the substring test spares the regex most lines."""
+    lower = text.lower()
+    return ("nan" in lower or "inf" in lower or "non-finite" in lower) and _NAN_LINE.search(text) is not None
 
 
 def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
