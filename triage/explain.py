@@ -5,7 +5,8 @@ from __future__ import annotations
 from .diagnosis import Report
 from .kb.loader import KnowledgeBase
 from .kb.matcher import diagnose
-from .logparse import parse_log
+from .kb.safe_regex import PatternTimeout
+from .logparse import adopt_known_message, parse_log
 from .logread import read_log
 
 
@@ -14,9 +15,47 @@ def explain_log(path: str | None, kb: KnowledgeBase) -> Report:
     incident = parse_log(read_log(path))
     warnings: list[str] = []
     diagnoses = diagnose(incident, kb, warnings)
+    if not diagnoses and (incident.exception is None or not incident.exception.type):
+        # No exception line and no log-line rule: a known message pasted without its type still names the failure.
+        if adopt_known_message(incident, _known_message_finder(kb)):
+            diagnoses = diagnose(incident, kb, warnings)
     if diagnoses and diagnoses[0].exception_index is not None:
         # The exception the leading diagnosis explains is the root cause the report shows.
         incident.exception = incident.exceptions[diagnoses[0].exception_index]
         incident.rank = incident.exception.rank if incident.exception.rank is not None else incident.rank
         incident.worker = incident.exception.worker
     return Report(source="log", incident=incident, diagnoses=diagnoses, warnings=warnings)
+
+
+def _known_message_finder(kb: KnowledgeBase):
+    """Where the earliest message a rule knows starts in a text, and the exception type it is raised as.
+
+    Only exact PyTorch wordings count: keyword patterns, catch-alls (a backend's `[^\\n]+`) and `*.generic`
+    rules would read any line that mentions a worker or a device as an error.
+    """
+    known = [(pattern, rule.exception_types[0].rsplit(".", 1)[-1] if rule.exception_types else "")
+             for rule in kb.rules if not rule.id.endswith(".generic")
+             for pattern in rule.messages if not _matches_ordinary_lines(pattern)]
+
+    def find(text: str) -> tuple[str, int] | None:
+        earliest: tuple[str, int] | None = None
+        for pattern, exc_type in known:
+            try:
+                found = pattern.search(text)
+            except PatternTimeout:
+                continue
+            if found is not None and (earliest is None or found.start() < earliest[1]):
+                earliest = (exc_type, found.start())
+        return earliest
+
+    return find
+
+
+_ORDINARY_LINES = "x\nepoch 3 step 100 loss 0.512 lr 0.001\nTraceback (most recent call last):\n  File \"train.py\", line 9, in <module>"
+
+
+def _matches_ordinary_lines(pattern) -> bool:
+    try:
+        return pattern.source.startswith("(?i)") or pattern.search(_ORDINARY_LINES) is not None
+    except PatternTimeout:
+        return True

@@ -47,6 +47,11 @@ _GLUED_ERROR = re.compile(r"(?<=\))(?:[a-z_]\w*\.)*[A-Z]\w*Error: ")
 # "Original Traceback", rich's box.
 _KEEPS_TRACEBACK_ON_LINE = re.compile(r"\s*(?:[A-Za-z_][\w.]*\s{2,}|Original |╭)")
 # pdb's `> /path/file.py(12)func()`; `[^()]*` keeps it linear (`.*` then `\S*` backtracked per parenthesis).
+# Prefixes a debugger or test runner puts before an error it shows: pytest's `E   `, ipdb/pdb's `*** `.
+_TOOL_PREFIX = re.compile(r"E(?: {2,}|\t)\s*(?=\S)|\*\*\* (?=[A-Za-z_])")
+# Markdown wrapped around a pasted error: a heading mark, bold or italic runs (`_**### RuntimeError ...**_`).
+_MARKDOWN_OPEN = re.compile(r"(?:_?\*\*|_(?=[\"“`*#]))(?:#{1,6} )?|#{1,6} (?=[A-Z_`\"“])")
+_MARKDOWN_CLOSE = re.compile(r"(?:\*\*_?|_)$")
 _PDB_LOCATION = re.compile(r"> \S[^()]*\(\d+\)[^()\s]*\(\)")
 _QUOTE = re.compile(r"(?:> ?)+")
 
@@ -128,10 +133,18 @@ def _strip_prefixes(line: str) -> tuple[int | None, bool, str]:
                 break
         if not changed:
             break
+    tool = _TOOL_PREFIX.match(line)
+    if tool:
+        line = line[tool.end():]
     if len(line) > 2 and line[0] == "`" and line[-1] == "`" and line.count("`") == 2:
         line = line[1:-1]
-    if line.startswith("**"):
-        line = line[2:].removesuffix("**")  # markdown bold left around a pasted error
+    elif line.count("`") % 2 and not line.lstrip().startswith("```"):
+        # A backtick opened on one line and closed on another: the paste's, not the log's.
+        line = line[1:] if line.startswith("`") else line[:-1] if line.endswith("`") else line
+    opened = _MARKDOWN_OPEN.match(line) if line[:1] in "_*#" else None
+    if opened and opened.end():
+        # markdown bold, italics or a heading left around a pasted error (never a `_module.Error` name)
+        line = _MARKDOWN_CLOSE.sub("", line[opened.end():])
     if "](" in line:
         # VS Code notebooks print `Cell In[11], [line 13](vscode-notebook-cell:...)`.
         line = _NOTEBOOK_LINK.sub(r"\1", line)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .incident import ExceptionInfo, Frame, Incident, is_user_path
@@ -68,6 +69,17 @@ _BARE_ERROR_LINE = re.compile(
     r"(?P<type>(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Interrupt|Exit|Failure)|(?:[a-z_]\w*\.){2,}[A-Z]\w*)"
     r"(?::(?: (?P<msg>.*)|$)|$)"
 )
+
+# An exception line with something in front of it: prose ("error occur : RuntimeError: ..."), a quote mark,
+# a word such as `actual error:`, code it was glued to. It starts a word and needs ": " and a message.
+_ERROR_IN_LINE = re.compile(
+    r"(?<![\w.])(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*(?:Error|Exception|Interrupt|Failure))"
+    r": (?P<msg>\S.*)"
+)
+# Colab folds library frames into a line "4 frames"; the traceback goes on after it.
+_FOLDED_FRAMES = re.compile(r"\d+ frames?")
+# A traceback cut off before its exception line, whose last frame raises a literal message.
+_RAISE_LITERAL = re.compile(r"raise (?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)\((?P<quote>[\"'])(?P<msg>[^\"']+)(?P=quote)?")
 
 # Lines that never continue an exception message, though printed right after one.
 _NOT_MESSAGE = re.compile(
@@ -260,7 +272,7 @@ class _TracebackScanner:
                 frame = push(_frame(match.group("file"), match.group("line"), match.group("func") or "<module>"))
                 i += 1
                 continue
-            if not stripped:
+            if not stripped or _FOLDED_FRAMES.fullmatch(stripped):
                 i += 1
                 continue
             ipy_frame = _ipython_frame(text)
@@ -324,9 +336,21 @@ class _TracebackScanner:
         lines = self.lines
         if i < len(lines) and lines[i].record_start:
             lines[i] = LogLine(lines[i].text.lstrip(), lines[i].number, lines[i].rank, True)
+        if i < len(lines) and not _EXCEPTION_LINE.match(lines[i].text):
+            # The error line with a prefix in front (`actual error: `, a quote mark, the code it was glued to).
+            inside = _ERROR_IN_LINE.search(lines[i].text)
+            if inside:
+                lines[i] = LogLine(lines[i].text[inside.start():], lines[i].number, lines[i].rank, lines[i].record_start)
         if i >= len(lines) or not _EXCEPTION_LINE.match(lines[i].text):
             end_number = lines[i - 1].number if i > 0 else start_number
-            if preset_type:
+            raised = _RAISE_LITERAL.search(frames[-1].code or "") if frames and not preset_type else None
+            if raised:
+                # Cut off before its exception line, but the last frame says what it raised.
+                self._add(ExceptionInfo(raised.group("type"), raised.group("msg"), frames, line_no=start_number),
+                          omitted, end_number)
+                self.stream.notes.append(f"a traceback at line {start_number} is cut off; its last frame raises"
+                                         f" {raised.group('type')}")
+            elif preset_type:
                 self._add(ExceptionInfo(preset_type, preset_message, frames, line_no=start_number), omitted, end_number)
             elif frames:
                 # Cut off before the exception line: keep the frames, say so.
@@ -450,6 +474,36 @@ def side_stack_in_text(text: str) -> tuple[str, list[Frame]]:
     return "", []
 
 
+def adopt_known_message(incident: Incident, recognise: Callable[[str], tuple[str, int] | None]) -> bool:
+    """For a log that held no exception line: the first message `recognise` knows becomes its exception.
+
+    Real pastes drop the exception type (`Expected all tensors to be on the same device...`), quote or
+    indent the message, or put it mid-sentence. `recognise(text)` returns the exception type that message
+    is raised as and where in `text` it starts (the knowledge base's message patterns know both), or None.
+    The exception's message runs from the start of that line to the next blank line.
+    """
+    if any(exc.type for exc in incident.exceptions):
+        return False
+    text = "\n".join(incident.log_lines)
+    found = recognise(text)
+    if found is None:
+        return False
+    exc_type, start = found
+    first = text.count("\n", 0, start)
+    block = []
+    for line in incident.log_lines[first : first + MAX_MESSAGE_LINES]:
+        if not line.strip():
+            break
+        block.append(line)
+    message = "\n".join(block)
+    cut = start - (text.rfind("\n", 0, start) + 1)  # what came before the message on its line: a prompt, prose
+    exc = ExceptionInfo(exc_type, message[cut:].strip(), [], line_no=None)
+    incident.exceptions.append(exc)
+    incident.exception = exc
+    incident.notes.append(f"no exception line; read the known message {message[cut:][:60]!r} as a {exc_type or 'error'}")
+    return True
+
+
 def _frame(file: str, line: str | None, function: str) -> Frame:
     return Frame(file=file, line=int(line) if line else None, function=function.strip(), user=is_user_path(file))
 
@@ -509,7 +563,7 @@ def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
         if not ("Error" in text or "Exception" in text or "Interrupt" in text or "Exit" in text or "Failure" in text
                 or text.startswith("torch.")):
             continue
-        match = _BARE_ERROR_LINE.match(text)
+        match = _BARE_ERROR_LINE.match(text.lstrip()) or _ERROR_IN_LINE.search(text)
         if not match:
             continue
         message = [match.group("msg") or ""]
