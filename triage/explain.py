@@ -15,7 +15,7 @@ def explain_log(path: str | None, kb: KnowledgeBase) -> Report:
     incident = parse_log(read_log(path))
     warnings: list[str] = []
     diagnoses = diagnose(incident, kb, warnings)
-    if not diagnoses and (incident.exception is None or not incident.exception.type):
+    if not diagnoses and (incident.exception is None or not (incident.exception.type and incident.exception.message)):
         # No exception line and no log-line rule: a known message pasted without its type still names the failure.
         if adopt_known_message(incident, _known_message_finder(kb)):
             diagnoses = diagnose(incident, kb, warnings)

@@ -106,7 +106,8 @@ def _clean_one(raw: str) -> str:
     return line.rstrip()
 
 
-_NOTEBOOK_LINK = re.compile(r"\[([^\]\n]{1,40})\]\((?:vscode-notebook-cell|file|https?):[^)\s]*\)")
+# VS Code and Colab link a frame's cell or file: `[line 13](vscode-notebook-cell:...)`, `[/usr/.../f.py](https://localhost:8080/#)`.
+_NOTEBOOK_LINK = re.compile(r"\[([^\]\n]{1,300})\]\((?:vscode-notebook-cell|file|https?):[^)\s]*\)")
 
 
 def _strip_prefixes(line: str) -> tuple[int | None, bool, str]:

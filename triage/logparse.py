@@ -56,7 +56,7 @@ _FRAME = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d{1,9})(?:, in (
 _IPY_CELL = re.compile(r"\s*Cell In ?\[(?P<cell>\d{1,9})\], line (?P<line>\d{1,9})(?:, in (?P<func>[^(\s]+))?")
 _IPY_INPUT = re.compile(r"\s*Input In ?\[(?P<cell>\d{1,9})\], in (?P<func>.*\S)\s*$")  # a trailing "()" is cut after
 _IPY_FILE = re.compile(r"\s*File (?P<file>[^\"\s].*?):(?P<line>\d{1,9}), in (?P<func>[^(\s]+)")
-_IPY_OLD = re.compile(r"(?P<file><ipython-input-[^>]+>|[~/.][^\s]*|[A-Za-z]:\\\S*) in (?P<func>[\w.<>]+)(?:\(.*\))?\s*$")
+_IPY_OLD = re.compile(r"(?P<file><ipython-input-[^>]+>|[~/.][^\s]*|[A-Za-z]:\\\S*) in (?P<func><cell line: \d{1,9}>|[\w.<>]+)(?:\(.*\))?\s*$")
 _IPY_ARROW = re.compile(r"-*> ?(?P<line>\d{1,9})\s(?P<code>.*)$")
 _IPY_CONTEXT_LINE = re.compile(r"\s+\d+\s")
 _CARETS = re.compile(r"\s*[~^]+\s*$")
@@ -482,7 +482,7 @@ def adopt_known_message(incident: Incident, recognise: Callable[[str], tuple[str
     is raised as and where in `text` it starts (the knowledge base's message patterns know both), or None.
     The exception's message runs from the start of that line to the next blank line.
     """
-    if any(exc.type for exc in incident.exceptions):
+    if any(exc.type and exc.message for exc in incident.exceptions):
         return False
     text = "\n".join(incident.log_lines)
     found = recognise(text)
@@ -497,10 +497,16 @@ def adopt_known_message(incident: Incident, recognise: Callable[[str], tuple[str
         block.append(line)
     message = "\n".join(block)
     cut = start - (text.rfind("\n", 0, start) + 1)  # what came before the message on its line: a prompt, prose
-    exc = ExceptionInfo(exc_type, message[cut:].strip(), [], line_no=None)
-    incident.exceptions.append(exc)
-    incident.exception = exc
-    incident.notes.append(f"no exception line; read the known message {message[cut:][:60]!r} as a {exc_type or 'error'}")
+    root = incident.exception
+    if root is not None and root.type and not root.message and exc_type in ("", root.short_type):
+        # A traceback whose message was printed apart from it (a notebook's JSON, a cut paste): join them.
+        root.message = message[cut:].strip()
+        exc = root
+    else:
+        exc = ExceptionInfo(exc_type, message[cut:].strip(), [], line_no=None)
+        incident.exceptions.append(exc)
+        incident.exception = exc
+    incident.notes.append(f"no exception line; read the known message {message[cut:][:60]!r} as a {exc.type or 'error'}")
     return True
 
 
