@@ -71,9 +71,10 @@ _BARE_ERROR_LINE = re.compile(
 )
 
 # An exception line with something in front of it: prose ("error occur : RuntimeError: ..."), a quote mark,
-# a word such as `actual error:`, code it was glued to. It starts a word and needs ": " and a message.
+# a word such as `actual error:`, code it was glued to. It starts an ASCII word (CJK prose may touch it) and
+# needs ": " and a message.
 _ERROR_IN_LINE = re.compile(
-    r"(?<![\w.])(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*(?:Error|Exception|Interrupt|Failure))"
+    r"(?<![A-Za-z0-9_.])(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*(?:Error|Exception|Interrupt|Failure))"
     r": (?P<msg>\S.*)"
 )
 # Colab folds library frames into a line "4 frames"; the traceback goes on after it.
@@ -205,6 +206,10 @@ class _TracebackScanner:
                 # A traceback pasted without its header: its frames start here.
                 i = self._read_traceback(i)
                 continue
+            if self._starts_ipython_frames(i):
+                # An IPython traceback pasted without its header line.
+                i = self._read_traceback(i)
+                continue
             if _CAUSE in text:
                 self.pending_link = "cause"
             elif _CONTEXT in text:
@@ -215,6 +220,16 @@ class _TracebackScanner:
         if self.pending_side is not None:
             self.stream.context.extend(self.pending_side.lines)
             self.pending_side = None
+
+    def _starts_ipython_frames(self, i: int) -> bool:
+        """An IPython frame header (`path in func(...)`, `File path:N, in func`) followed by its numbered code."""
+        text = self.lines[i].text
+        if not (text.startswith(("File ", "/", "~", "<ipython-input")) and i + 1 < len(self.lines)):
+            return False
+        if not (_IPY_FILE.match(text) or _IPY_OLD.match(text)):
+            return False
+        following = self.lines[i + 1].text
+        return bool(_IPY_CONTEXT_LINE.match(following) or _IPY_ARROW.match(following.strip()))
 
     def _read_side_stack(self, i: int, label: str) -> int:
         """Read the frames after a side stack's header and give them to their exception."""
@@ -537,8 +552,10 @@ def _assemble(streams: list[_Stream]) -> Incident:
     exceptions = sorted((e for s in streams for e in s.exceptions), key=lambda e: e.line_no or 0)
     context = sorted((line for s in streams for line in s.context), key=lambda line: line.number)
     notes = [note for s in streams for note in s.notes]
-    if not exceptions:
-        exceptions = _bare_errors(context)
+    if not any(e.type for e in exceptions):
+        # No exception line read after a traceback (none, or only tracebacks cut off by a wrapped paste):
+        # an error line elsewhere in the log is the failure.
+        exceptions = sorted(exceptions + _bare_errors(context), key=lambda e: e.line_no or 0)
     candidates = [e for e in exceptions if not e.wrapper and e.short_type not in _WRAPPER_TYPES and e.type]
     root = candidates[0] if candidates else (exceptions[0] if exceptions else None)
 
