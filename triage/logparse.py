@@ -82,6 +82,8 @@ _FOLDED_FRAMES = re.compile(r"\d+ frames?")
 # A traceback cut off before its exception line, whose last frame raises a literal message.
 _RAISE_LITERAL = re.compile(r"raise (?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)\((?P<quote>[\"'])(?P<msg>[^\"']+)(?P=quote)?")
 
+_WIDE_BLANKS = re.compile(r"[ \t]{64,}")
+
 # Lines that never continue an exception message, though printed right after one.
 _NOT_MESSAGE = re.compile(
     r"\S+\.(?:cu|cuh|cpp|h|c):\d+: .*Assertion `|\S+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)|\[W\d{3,4} "
@@ -499,14 +501,16 @@ def adopt_known_message(incident: Incident, recognise: Callable[[str], tuple[str
     """
     if any(exc.type and exc.message for exc in incident.exceptions):
         return False
-    text = "\n".join(incident.log_lines)
+    # No message needs a run of 64 blanks; collapsing them keeps every pattern's search short on padded lines.
+    lines = [_WIDE_BLANKS.sub(" ", line) for line in incident.log_lines]
+    text = "\n".join(lines)
     found = recognise(text)
     if found is None:
         return False
     exc_type, start = found
     first = text.count("\n", 0, start)
     block = []
-    for line in incident.log_lines[first : first + MAX_MESSAGE_LINES]:
+    for line in lines[first : first + MAX_MESSAGE_LINES]:
         if not line.strip():
             break
         block.append(line)
