@@ -118,23 +118,24 @@ def _read_stream(stream: BinaryIO, name: str) -> LogText:
                 break
             ring.write(chunk)
             total += len(chunk)
-        segments = [_decode(bytes(head), "utf-8")]
+        import io
+
+        # The head and the ring are windowed like a large file: around failure markers, and their tails.
+        segments, _kept = _window_segments(io.BytesIO(head), len(head))
         del head
         tail = _RingReader(ring)
-        if tail.size <= SMALL_LOG_BYTES:
-            segments.append(_decode(tail.read(), "utf-8", trim_start=True))
-            windows = 1
-        else:
-            tail_segments, _kept = _window_segments(tail, tail.size)
-            segments += tail_segments
-            windows = len(tail_segments)
+        tail_segments, _kept = _window_segments(tail, tail.size) if tail.size else ([], 0)
+        if tail_segments:
+            # The ring starts mid-line (where the head stopped, or where it wrapped): drop that partial line.
+            tail_segments[0] = tail_segments[0][tail_segments[0].find("\n") + 1:]
+        segments += tail_segments
     skipped = total - SMALL_LOG_BYTES - tail.size
     if ended:
-        note = (f"{name} gave {_size(total)}; kept its first {_size(SMALL_LOG_BYTES)}"
-                + (f" and {windows} window(s) of its last {_size(tail.size)}" if skipped else " and the rest"))
+        note = (f"{name} gave {_size(total)}; read around its failure markers in its first {_size(SMALL_LOG_BYTES)}"
+                + (f" and in its last {_size(tail.size)}" if skipped else " and in the rest"))
     else:
-        note = (f"{name} had not ended after {_size(total)}, so reading stopped there; kept its first"
-                f" {_size(SMALL_LOG_BYTES)} and {windows} window(s) of the last {_size(tail.size)} read"
+        note = (f"{name} had not ended after {_size(total)}, so reading stopped there; read around its failure"
+                f" markers in its first {_size(SMALL_LOG_BYTES)} and in the last {_size(tail.size)} read"
                 " (give a file's path to read all of it)")
     return LogText(segments=segments, size=total, name=name, windowed=True, notes=[note])
 
