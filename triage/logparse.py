@@ -77,6 +77,17 @@ _ERROR_IN_LINE = re.compile(
     r"(?<![A-Za-z0-9_.])(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*(?:Error|Exception|Interrupt|Failure))"
     r": (?P<msg>\S.*)"
 )
+_CLOSING = {"`": "`", '"': '"', "'": "'", "“": "”", "(": ")"}
+
+
+def _inside_quotes(text: str, start: int) -> str:
+    """The error from `start` on; when a quote or backtick opened just before it, only up to its closing mark."""
+    opened = text[start - 1] if start > 0 else ""
+    closing = _CLOSING.get(opened)
+    end = text.find(closing, start) if closing else -1
+    return text[start:end] if end > 0 else text[start:]
+
+
 # Colab folds library frames into a line "4 frames"; the traceback goes on after it.
 _FOLDED_FRAMES = re.compile(r"\d+ frames?")
 # A traceback cut off before its exception line, whose last frame raises a literal message.
@@ -357,7 +368,8 @@ class _TracebackScanner:
             # The error line with a prefix in front (`actual error: `, a quote mark, the code it was glued to).
             inside = _ERROR_IN_LINE.search(lines[i].text)
             if inside:
-                lines[i] = LogLine(lines[i].text[inside.start():], lines[i].number, lines[i].rank, lines[i].record_start)
+                lines[i] = LogLine(_inside_quotes(lines[i].text, inside.start()), lines[i].number, lines[i].rank,
+                                   lines[i].record_start)
         if i >= len(lines) or not _EXCEPTION_LINE.match(lines[i].text):
             end_number = lines[i - 1].number if i > 0 else start_number
             raised = _RAISE_LITERAL.search(frames[-1].code or "") if frames and not preset_type else None
@@ -590,9 +602,12 @@ def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
         if not ("Error" in text or "Exception" in text or "Interrupt" in text or "Exit" in text or "Failure" in text
                 or text.startswith("torch.")):
             continue
-        match = _BARE_ERROR_LINE.match(text.lstrip()) or _ERROR_IN_LINE.search(text)
+        match = _BARE_ERROR_LINE.match(text.lstrip())
         if not match:
-            continue
+            inside = _ERROR_IN_LINE.search(text)
+            if not inside:
+                continue
+            match = _BARE_ERROR_LINE.match(_inside_quotes(text, inside.start()))  # prose or a quote around it
         message = [match.group("msg") or ""]
         for follow in context[index + 1 : index + 40]:
             if not follow.text.strip() or follow.record_start or follow.number != line.number + len(message):
