@@ -1,14 +1,55 @@
-"""`triage explain`: a pasted log, read and parsed into an Incident, through the one pipeline. Never imports torch."""
+"""The explain pipeline for pasted logs: read -> parse -> the one pipeline -> Report. Never imports torch."""
 
 from __future__ import annotations
 
 from .diagnosis import Report
 from .kb.loader import KnowledgeBase
-from .logparse import parse_log
+from .kb.matcher import diagnose
+from .kb.safe_regex import PatternTimeout
+from .logparse import adopt_known_message, parse_log
 from .logread import read_log
 from .pipeline import triage_incident
 
 
 def explain_log(path: str | None, kb: KnowledgeBase) -> Report:
     """Diagnose the log at `path` (standard input for None or '-'); raises LogReadError if unreadable."""
-    return triage_incident(parse_log(read_log(path)), kb, source="log")
+    incident = parse_log(read_log(path))
+    typed = incident.exception is not None and incident.exception.type and incident.exception.message
+    if not typed and not diagnose(incident, kb, []):
+        # No exception line and no log-line rule: a known message pasted without its type still names the failure.
+        adopt_known_message(incident, _known_message_finder(kb))
+    return triage_incident(incident, kb, source="log")
+
+
+def _known_message_finder(kb: KnowledgeBase):
+    """Where the earliest message a rule knows starts in a text, and the exception type it is raised as.
+
+    Only exact PyTorch wordings count: keyword patterns, catch-alls (a backend's `[^\\n]+`) and `*.generic`
+    rules would read any line that mentions a worker or a device as an error.
+    """
+    known = [(pattern, rule.exception_types[0].rsplit(".", 1)[-1] if rule.exception_types else "")
+             for rule in kb.rules if not rule.id.endswith(".generic")
+             for pattern in rule.messages if not _matches_ordinary_lines(pattern)]
+
+    def find(text: str) -> tuple[str, int] | None:
+        earliest: tuple[str, int] | None = None
+        for pattern, exc_type in known:
+            try:
+                found = pattern.search(text)
+            except PatternTimeout:
+                continue
+            if found is not None and (earliest is None or found.start() < earliest[1]):
+                earliest = (exc_type, found.start())
+        return earliest
+
+    return find
+
+
+_ORDINARY_LINES = "x\nepoch 3 step 100 loss 0.512 lr 0.001\nTraceback (most recent call last):\n  File \"train.py\", line 9, in <module>"
+
+
+def _matches_ordinary_lines(pattern) -> bool:
+    try:
+        return pattern.source.startswith("(?i)") or pattern.search(_ORDINARY_LINES) is not None
+    except PatternTimeout:
+        return True

@@ -16,9 +16,9 @@ MAX_LINE_CHARS = 64 * 1024
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()][A-Za-z0-9]|\x1b[=>]")
 
 _RANK_PREFIXES = (
-    re.compile(r"\[(?:rank|default|RANK)(?P<rank>\d+)\]:\s?"),  # torch's own, torchrun --tee
-    re.compile(r"\[\d+,(?P<rank>\d+)\]<std(?:out|err)>:\s?"),  # Open MPI --tag-output
-    re.compile(r"(?:rank|RANK)\s?(?P<rank>\d+):\s"),
+    re.compile(r"\[(?:rank|default|RANK)(?P<rank>\d{1,9})\]:\s?"),  # torch's own, torchrun --tee
+    re.compile(r"\[\d+,(?P<rank>\d{1,9})\]<std(?:out|err)>:\s?"),  # Open MPI --tag-output
+    re.compile(r"(?:rank|RANK)\s?(?P<rank>\d{1,9}):\s"),
     re.compile(r"(?P<rank>\d{1,4}): (?=\S|\s+File |\s{2,}\S)"),  # srun --label
 )
 
@@ -46,7 +46,13 @@ _GLUED_ERROR = re.compile(r"(?<=\))(?:[a-z_]\w*\.)*[A-Z]\w*Error: ")
 # Where "Traceback" legitimately follows text on a line: IPython's header, a worker's
 # "Original Traceback", rich's box.
 _KEEPS_TRACEBACK_ON_LINE = re.compile(r"\s*(?:[A-Za-z_][\w.]*\s{2,}|Original |╭)")
-_PDB_LOCATION = re.compile(r"> \S.*\(\d+\)\S*\(\)")
+# pdb's `> /path/file.py(12)func()`; `[^()]*` keeps it linear (`.*` then `\S*` backtracked per parenthesis).
+# Prefixes a debugger or test runner puts before an error it shows: pytest's `E   `, ipdb/pdb's `*** `.
+_TOOL_PREFIX = re.compile(r"E(?: {2,}|\t)\s*(?=\S)|\*\*\* (?=[A-Za-z_])")
+# Markdown wrapped around a pasted error: a heading mark, bold or italic runs (`_**### RuntimeError ...**_`).
+_MARKDOWN_OPEN = re.compile(r"(?:_?\*\*|_(?=[\"“`*#]))(?:#{1,6} )?|#{1,6} (?=[A-Z_`\"“])")
+_MARKDOWN_CLOSE = re.compile(r"(?:\*\*_?|_)$")
+_PDB_LOCATION = re.compile(r"> \S[^()]*\(\d+\)[^()\s]*\(\)")
 _QUOTE = re.compile(r"(?:> ?)+")
 
 
@@ -100,7 +106,8 @@ def _clean_one(raw: str) -> str:
     return line.rstrip()
 
 
-_NOTEBOOK_LINK = re.compile(r"\[([^\]\n]{1,40})\]\((?:vscode-notebook-cell|file|https?):[^)\s]*\)")
+# VS Code and Colab link a frame's cell or file: `[line 13](vscode-notebook-cell:...)`, `[/usr/.../f.py](https://localhost:8080/#)`.
+_NOTEBOOK_LINK = re.compile(r"\[([^\]\n]{1,300})\]\((?:vscode-notebook-cell|file|https?):[^)\s]*\)")
 
 
 def _strip_prefixes(line: str) -> tuple[int | None, bool, str]:
@@ -127,10 +134,18 @@ def _strip_prefixes(line: str) -> tuple[int | None, bool, str]:
                 break
         if not changed:
             break
+    tool = _TOOL_PREFIX.match(line)
+    if tool:
+        line = line[tool.end():]
     if len(line) > 2 and line[0] == "`" and line[-1] == "`" and line.count("`") == 2:
         line = line[1:-1]
-    if line.startswith("**"):
-        line = line[2:].removesuffix("**")  # markdown bold left around a pasted error
+    elif line.count("`") % 2 and not line.lstrip().startswith("```"):
+        # A backtick opened on one line and closed on another: the paste's, not the log's.
+        line = line[1:] if line.startswith("`") else line[:-1] if line.endswith("`") else line
+    opened = _MARKDOWN_OPEN.match(line) if line[:1] in "_*#" else None
+    if opened and opened.end():
+        # markdown bold, italics or a heading left around a pasted error (never a `_module.Error` name)
+        line = _MARKDOWN_CLOSE.sub("", line[opened.end():])
     if "](" in line:
         # VS Code notebooks print `Cell In[11], [line 13](vscode-notebook-cell:...)`.
         line = _NOTEBOOK_LINK.sub(r"\1", line)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .incident import ExceptionInfo, Frame, Incident, is_user_path
@@ -33,7 +34,8 @@ LOG_LINES_NOTABLE = 200
 
 _TRACEBACK_HEAD = re.compile(r"\s*(?:Original )?Traceback \(most recent call last\):?\s*$")
 _RICH_HEAD = re.compile(r"╭─+ Traceback \(most recent call last\) ─+╮")
-_RICH_FRAME = re.compile(r"(?P<file>[^\s│╭╰].*?):(?P<line>\d+) in ?(?P<func>[\w.<>]*)$")
+# Numbers are at most 9 digits: a hostile 65 KB run of digits would otherwise reach int() and overflow its limit.
+_RICH_FRAME = re.compile(r"(?P<file>[^\s│╭╰].*?):(?P<line>\d{1,9}) in ?(?P<func>[\w.<>]*)$")
 _RICH_ARROW = re.compile(r"❱\s*\d+\s*(?:│\s*)*(?P<code>.*)$")
 _IPYTHON_HEAD = re.compile(r"(?P<type>[A-Za-z_][\w.]*)\s{2,}Traceback \(most recent call last\)")
 _VSCODE_HEAD = re.compile(r"Exception has occurred: (?P<type>[A-Za-z_][\w.]*)\s*$")
@@ -48,15 +50,17 @@ SIDE_GAP_LINES = 60
 _CAUSE = "The above exception was the direct cause of the following exception"
 _CONTEXT = "During handling of the above exception, another exception occurred"
 
-_FRAME = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+)(?:, in (?P<func>.+?))?\s*$')
-_IPY_CELL = re.compile(r"\s*Cell In ?\[(?P<cell>\d+)\], line (?P<line>\d+)(?:, in (?P<func>[^(\s]+))?")
-_IPY_INPUT = re.compile(r"\s*Input In ?\[(?P<cell>\d+)\], in (?P<func>.+?)(?:\(\))?\s*$")
-_IPY_FILE = re.compile(r"\s*File (?P<file>[^\"\s].*?):(?P<line>\d+), in (?P<func>[^(\s]+)")
-_IPY_OLD = re.compile(r"(?P<file><ipython-input-[^>]+>|[~/.][^\s]*|[A-Za-z]:\\\S*) in (?P<func>[\w.<>]+)(?:\(.*\))?\s*$")
-_IPY_ARROW = re.compile(r"-*> ?(?P<line>\d+)\s(?P<code>.*)$")
+# Each pattern below is linear in the line's length: no two neighbouring quantifiers can match the same
+# characters (a lazy `.+?` before `\s*$` re-scanned a run of spaces once per space: a 65 KB line took minutes).
+_FRAME = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d{1,9})(?:, in (?P<func>.*\S))?\s*$')
+_IPY_CELL = re.compile(r"\s*Cell In ?\[(?P<cell>\d{1,9})\], line (?P<line>\d{1,9})(?:, in (?P<func>[^(\s]+))?")
+_IPY_INPUT = re.compile(r"\s*Input In ?\[(?P<cell>\d{1,9})\], in (?P<func>.*\S)\s*$")  # a trailing "()" is cut after
+_IPY_FILE = re.compile(r"\s*File (?P<file>[^\"\s].*?):(?P<line>\d{1,9}), in (?P<func>[^(\s]+)")
+_IPY_OLD = re.compile(r"(?P<file><ipython-input-[^>]+>|[~/.][^\s]*|[A-Za-z]:\\\S*) in (?P<func><cell line: \d{1,9}>|[\w.<>]+)(?:\(.*\))?\s*$")
+_IPY_ARROW = re.compile(r"-*> ?(?P<line>\d{1,9})\s(?P<code>.*)$")
 _IPY_CONTEXT_LINE = re.compile(r"\s+\d+\s")
 _CARETS = re.compile(r"\s*[~^]+\s*$")
-_REPEATED = re.compile(r"\s*\[Previous line repeated (?P<count>\d+) more times?\]")
+_REPEATED = re.compile(r"\s*\[Previous line repeated (?P<count>\d{1,9}) more times?\]")
 
 # After a traceback's frames: `RuntimeError: msg`, `torch.OutOfMemoryError: msg`, `_queue.Empty`.
 _EXCEPTION_LINE = re.compile(r"(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*)(?::(?: (?P<msg>.*)|$)|$)")
@@ -66,17 +70,42 @@ _BARE_ERROR_LINE = re.compile(
     r"(?::(?: (?P<msg>.*)|$)|$)"
 )
 
+# An exception line with something in front of it: prose ("error occur : RuntimeError: ..."), a quote mark,
+# a word such as `actual error:`, code it was glued to. It starts an ASCII word (CJK prose may touch it) and
+# needs ": " and a message.
+_ERROR_IN_LINE = re.compile(
+    r"(?<![A-Za-z0-9_.])(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*(?:Error|Exception|Interrupt|Failure))"
+    r": (?P<msg>\S.*)"
+)
+_CLOSING = {"`": "`", '"': '"', "'": "'", "“": "”", "(": ")"}
+
+
+def _inside_quotes(text: str, start: int) -> str:
+    """The error from `start` on; when a quote or backtick opened just before it, only up to its closing mark."""
+    opened = text[start - 1] if start > 0 else ""
+    closing = _CLOSING.get(opened)
+    end = text.find(closing, start) if closing else -1
+    return text[start:end] if end > 0 else text[start:]
+
+
+# Colab folds library frames into a line "4 frames"; the traceback goes on after it.
+_FOLDED_FRAMES = re.compile(r"\d+ frames?")
+# A traceback cut off before its exception line, whose last frame raises a literal message.
+_RAISE_LITERAL = re.compile(r"raise (?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)\((?P<quote>[\"'])(?P<msg>[^\"']+)(?P=quote)?")
+
+_WIDE_BLANKS = re.compile(r"[ \t]{64,}")
+
 # Lines that never continue an exception message, though printed right after one.
 _NOT_MESSAGE = re.compile(
     r"\S+\.(?:cu|cuh|cpp|h|c):\d+: .*Assertion `|\S+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)|\[W\d{3,4} "
 )
-_WORKER = re.compile(r"in DataLoader worker process (?P<worker>\d+)")
-_SPAWNED_PROCESS = re.compile(r"-- Process (?P<rank>\d+) terminated with the following error")
+_WORKER = re.compile(r"in DataLoader worker process (?P<worker>\d{1,9})")
+_SPAWNED_PROCESS = re.compile(r"-- Process (?P<rank>\d{1,9}) terminated with the following error")
 _WRAPPER_TYPES = {"ChildFailedError", "ProcessRaisedException", "ProcessExitedException", "Empty"}
 
-_TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+) \(local_rank:")
-_TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+)")
-_SIGNAL_RECEIVED = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG[A-Z]+)\) received by PID")
+_TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d{1,9}) \(local_rank:")
+_TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d{1,9})")
+_SIGNAL_RECEIVED = re.compile(r"Signal (?P<num>\d{1,9}) \((?P<name>SIG[A-Z]+)\) received by PID")
 _SHELL_DEATH = re.compile(
     r"(?:^|\s)(?P<what>Killed|Segmentation fault|Bus error|Aborted|Floating point exception|Illegal instruction)"
     r"(?: \(core dumped\))?(?:\s+.*)?$"
@@ -91,7 +120,7 @@ _SIGNALS = {
     "Illegal instruction": ("SIGILL", 4),
 }
 _NAN_LINE = re.compile(
-    r"(?i)(?:loss|grad(?:ient)?s?(?:[ _]norm)?)['\"\]]?\s*[=:]?\s*[-+]?(?:nan|inf)\b"
+    r"(?i)(?:loss|grad(?:ient)?s?(?:[ _]norm)?)['\"\]]?\s*(?:[=:]\s*)?[-+]?(?:nan|inf)\b"
     r"|\bnan\b[^\n]{0,30}\b(?:loss|detected|encountered)\b"
     r"|non-finite (?:loss|gradients|model output) at step \d+"  # the wrapper's own report lines
 )
@@ -190,6 +219,10 @@ class _TracebackScanner:
                 # A traceback pasted without its header: its frames start here.
                 i = self._read_traceback(i)
                 continue
+            if self._starts_ipython_frames(i):
+                # An IPython traceback pasted without its header line.
+                i = self._read_traceback(i)
+                continue
             if _CAUSE in text:
                 self.pending_link = "cause"
             elif _CONTEXT in text:
@@ -200,6 +233,16 @@ class _TracebackScanner:
         if self.pending_side is not None:
             self.stream.context.extend(self.pending_side.lines)
             self.pending_side = None
+
+    def _starts_ipython_frames(self, i: int) -> bool:
+        """An IPython frame header (`path in func(...)`, `File path:N, in func`) followed by its numbered code."""
+        text = self.lines[i].text
+        if not (text.startswith(("File ", "/", "~", "<ipython-input")) and i + 1 < len(self.lines)):
+            return False
+        if not (_IPY_FILE.match(text) or _IPY_OLD.match(text)):
+            return False
+        following = self.lines[i + 1].text
+        return bool(_IPY_CONTEXT_LINE.match(following) or _IPY_ARROW.match(following.strip()))
 
     def _read_side_stack(self, i: int, label: str) -> int:
         """Read the frames after a side stack's header and give them to their exception."""
@@ -257,7 +300,7 @@ class _TracebackScanner:
                 frame = push(_frame(match.group("file"), match.group("line"), match.group("func") or "<module>"))
                 i += 1
                 continue
-            if not stripped:
+            if not stripped or _FOLDED_FRAMES.fullmatch(stripped):
                 i += 1
                 continue
             ipy_frame = _ipython_frame(text)
@@ -321,9 +364,22 @@ class _TracebackScanner:
         lines = self.lines
         if i < len(lines) and lines[i].record_start:
             lines[i] = LogLine(lines[i].text.lstrip(), lines[i].number, lines[i].rank, True)
+        if i < len(lines) and not _EXCEPTION_LINE.match(lines[i].text):
+            # The error line with a prefix in front (`actual error: `, a quote mark, the code it was glued to).
+            inside = _ERROR_IN_LINE.search(lines[i].text)
+            if inside:
+                lines[i] = LogLine(_inside_quotes(lines[i].text, inside.start()), lines[i].number, lines[i].rank,
+                                   lines[i].record_start)
         if i >= len(lines) or not _EXCEPTION_LINE.match(lines[i].text):
             end_number = lines[i - 1].number if i > 0 else start_number
-            if preset_type:
+            raised = _RAISE_LITERAL.search(frames[-1].code or "") if frames and not preset_type else None
+            if raised:
+                # Cut off before its exception line, but the last frame says what it raised.
+                self._add(ExceptionInfo(raised.group("type"), raised.group("msg"), frames, line_no=start_number),
+                          omitted, end_number)
+                self.stream.notes.append(f"a traceback at line {start_number} is cut off; its last frame raises"
+                                         f" {raised.group('type')}")
+            elif preset_type:
                 self._add(ExceptionInfo(preset_type, preset_message, frames, line_no=start_number), omitted, end_number)
             elif frames:
                 # Cut off before the exception line: keep the frames, say so.
@@ -447,6 +503,44 @@ def side_stack_in_text(text: str) -> tuple[str, list[Frame]]:
     return "", []
 
 
+def adopt_known_message(incident: Incident, recognise: Callable[[str], tuple[str, int] | None]) -> bool:
+    """For a log that held no exception line: the first message `recognise` knows becomes its exception.
+
+    Real pastes drop the exception type (`Expected all tensors to be on the same device...`), quote or
+    indent the message, or put it mid-sentence. `recognise(text)` returns the exception type that message
+    is raised as and where in `text` it starts (the knowledge base's message patterns know both), or None.
+    The exception's message runs from the start of that line to the next blank line.
+    """
+    if any(exc.type and exc.message for exc in incident.exceptions):
+        return False
+    # No message needs a run of 64 blanks; collapsing them keeps every pattern's search short on padded lines.
+    lines = [_WIDE_BLANKS.sub(" ", line) for line in incident.log_lines]
+    text = "\n".join(lines)
+    found = recognise(text)
+    if found is None:
+        return False
+    exc_type, start = found
+    first = text.count("\n", 0, start)
+    block = []
+    for line in lines[first : first + MAX_MESSAGE_LINES]:
+        if not line.strip():
+            break
+        block.append(line)
+    message = "\n".join(block)
+    cut = start - (text.rfind("\n", 0, start) + 1)  # what came before the message on its line: a prompt, prose
+    root = incident.exception
+    if root is not None and root.type and not root.message and exc_type in ("", root.short_type):
+        # A traceback whose message was printed apart from it (a notebook's JSON, a cut paste): join them.
+        root.message = message[cut:].strip()
+        exc = root
+    else:
+        exc = ExceptionInfo(exc_type, message[cut:].strip(), [], line_no=None)
+        incident.exceptions.append(exc)
+        incident.exception = exc
+    incident.notes.append(f"no exception line; read the known message {message[cut:][:60]!r} as a {exc.type or 'error'}")
+    return True
+
+
 def _frame(file: str, line: str | None, function: str) -> Frame:
     return Frame(file=file, line=int(line) if line else None, function=function.strip(), user=is_user_path(file))
 
@@ -458,7 +552,7 @@ def _ipython_frame(text: str) -> Frame | None:
         return Frame(f"Cell In[{match.group('cell')}]", int(match.group("line")), function, user=True)
     match = _IPY_INPUT.match(text)
     if match:
-        return Frame(f"Input In [{match.group('cell')}]", None, match.group("func"), user=True)
+        return Frame(f"Input In [{match.group('cell')}]", None, match.group("func").removesuffix("()").rstrip(), user=True)
     if text.startswith("File ") or text.startswith(" File "):
         match = _IPY_FILE.match(text)
         if match:
@@ -474,8 +568,10 @@ def _assemble(streams: list[_Stream]) -> Incident:
     exceptions = sorted((e for s in streams for e in s.exceptions), key=lambda e: e.line_no or 0)
     context = sorted((line for s in streams for line in s.context), key=lambda line: line.number)
     notes = [note for s in streams for note in s.notes]
-    if not exceptions:
-        exceptions = _bare_errors(context)
+    if not any(e.type for e in exceptions):
+        # No exception line read after a traceback (none, or only tracebacks cut off by a wrapped paste):
+        # an error line elsewhere in the log is the failure.
+        exceptions = sorted(exceptions + _bare_errors(context), key=lambda e: e.line_no or 0)
     candidates = [e for e in exceptions if not e.wrapper and e.short_type not in _WRAPPER_TYPES and e.type]
     root = candidates[0] if candidates else (exceptions[0] if exceptions else None)
 
@@ -487,9 +583,15 @@ def _assemble(streams: list[_Stream]) -> Incident:
     if root is not None:
         incident.rank, incident.worker = root.rank, root.worker
     _read_deaths(incident, context, exceptions)
-    if root is None and incident.signal is None and any(_NAN_LINE.search(line.text) for line in context):
+    if root is None and incident.signal is None and any(_says_nan(line.text) for line in context):
         incident.kind = "nan"
     return incident
+
+
+def _says_nan(text: str) -> bool:
+    """A loss or gradient reported as NaN/Inf; the substring test spares the regex most lines."""
+    lower = text.lower()
+    return ("nan" in lower or "inf" in lower or "non-finite" in lower) and _NAN_LINE.search(text) is not None
 
 
 def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
@@ -500,9 +602,12 @@ def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
         if not ("Error" in text or "Exception" in text or "Interrupt" in text or "Exit" in text or "Failure" in text
                 or text.startswith("torch.")):
             continue
-        match = _BARE_ERROR_LINE.match(text)
+        match = _BARE_ERROR_LINE.match(text.lstrip())
         if not match:
-            continue
+            inside = _ERROR_IN_LINE.search(text)
+            if not inside:
+                continue
+            match = _BARE_ERROR_LINE.match(_inside_quotes(text, inside.start()))  # prose or a quote around it
         message = [match.group("msg") or ""]
         for follow in context[index + 1 : index + 40]:
             if not follow.text.strip() or follow.record_start or follow.number != line.number + len(message):

@@ -4,6 +4,11 @@ Small logs are read whole. A large log is scanned in chunks with `bytes.find`
 (C speed) for anchors such as `Traceback`; only windows around the first and
 last anchors and the tail of the log are kept, so a 1 GB training log costs
 a few megabytes of memory and one pass at memchr speed.
+
+A stream (a pipe, standard input, a device) may never end, and cannot be read
+twice: its head is kept in memory, the rest goes through a fixed-size ring on
+disk that holds its latest bytes, and reading stops after a fixed number of
+bytes. Binary input (`/dev/zero`) is refused from its first chunk.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ WINDOW_BEFORE = 64 * 1024
 WINDOW_AFTER = 256 * 1024
 TAIL_BYTES = 256 * 1024  # end-of-log summaries and bare error lines; tracebacks have their own windows
 HITS_PER_ANCHOR = 8  # the first and the last this many, per anchor
+# A stream's budget: the most bytes read from it, and the disk ring that keeps its latest bytes.
+# Memory stays at the head (SMALL_LOG_BYTES) plus one chunk; disk at STREAM_TAIL_BYTES.
+STREAM_READ_BYTES = 512 * 1024 * 1024
+STREAM_TAIL_BYTES = 64 * 1024 * 1024
 
 # What a failure looks like from far away; windows are kept around these. Each anchor costs
 # one pass, and its cost depends on how far `bytes.find` can skip: a long needle with rare
@@ -84,24 +93,106 @@ def _stdin_binary() -> BinaryIO:
 
 
 def _read_stream(stream: BinaryIO, name: str) -> LogText:
-    """Read a non-seekable stream; past the small-log size, spool it to a temporary file."""
+    """Read a non-seekable stream within the stream budget: its head, then its latest bytes through a disk ring."""
     head = bytearray()
     while len(head) <= SMALL_LOG_BYTES:
         chunk = stream.read(CHUNK_BYTES)
         if not chunk:
             return _decode_whole(bytes(head), name)
         head += chunk
-    import tempfile  # only for a huge log on standard input
+    encoding = _sniff_encoding(bytes(head[: 64 * 1024]), name)  # binary input stops here, before any spooling
+    if encoding != "utf-8":
+        raise LogReadError(f"{name}: {encoding} log larger than {SMALL_LOG_BYTES >> 20} MB; convert it to UTF-8 first")
+    import tempfile  # only for a long stream
 
     with tempfile.TemporaryFile() as spool:
-        spool.write(head)
-        size = len(head)
+        ring = _Ring(spool, STREAM_TAIL_BYTES)
+        ring.write(head[SMALL_LOG_BYTES:])
+        del head[SMALL_LOG_BYTES:]
+        total = SMALL_LOG_BYTES + ring.written
+        ended = False
+        while total < STREAM_READ_BYTES:
+            chunk = stream.read(min(CHUNK_BYTES, STREAM_READ_BYTES - total))
+            if not chunk:
+                ended = True
+                break
+            ring.write(chunk)
+            total += len(chunk)
+        import io
+
+        # The head and the ring are windowed like a large file: around failure markers, and their tails.
+        segments, _kept = _window_segments(io.BytesIO(head), len(head))
         del head
-        while chunk := stream.read(CHUNK_BYTES):
-            spool.write(chunk)
-            size += len(chunk)
-        spool.seek(0)
-        return _read_seekable(spool, size, name)
+        tail = _RingReader(ring)
+        tail_segments, _kept = _window_segments(tail, tail.size) if tail.size else ([], 0)
+        if tail_segments:
+            # The ring starts mid-line (where the head stopped, or where it wrapped): drop that partial line.
+            tail_segments[0] = tail_segments[0][tail_segments[0].find("\n") + 1:]
+        segments += tail_segments
+    skipped = total - SMALL_LOG_BYTES - tail.size
+    if ended:
+        note = (f"{name} gave {_size(total)}; read around its failure markers in its first {_size(SMALL_LOG_BYTES)}"
+                + (f" and in its last {_size(tail.size)}" if skipped else " and in the rest"))
+    else:
+        note = (f"{name} had not ended after {_size(total)}, so reading stopped there; read around its failure"
+                f" markers in its first {_size(SMALL_LOG_BYTES)} and in the last {_size(tail.size)} read"
+                " (give a file's path to read all of it)")
+    return LogText(segments=segments, size=total, name=name, windowed=True, notes=[note])
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**20:.0f} MB" if count >= 2**20 else f"{count >> 10} KB"
+
+
+class _Ring:
+    """The latest `capacity` bytes written, kept in a file that never grows past `capacity`."""
+
+    def __init__(self, handle: BinaryIO, capacity: int) -> None:
+        self.handle, self.capacity, self.written = handle, capacity, 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data)
+        if len(view) > self.capacity:
+            self.written += len(view) - self.capacity
+            view = view[-self.capacity:]
+        while view:
+            at = self.written % self.capacity
+            part = view[: self.capacity - at]
+            self.handle.seek(at)
+            self.handle.write(part)
+            self.written += len(part)
+            view = view[len(part):]
+
+    @property
+    def size(self) -> int:
+        return min(self.written, self.capacity)
+
+
+class _RingReader:
+    """The ring's bytes, oldest first, as a read-only seekable file for the windowing code."""
+
+    def __init__(self, ring: _Ring) -> None:
+        self.ring, self.size, self.position = ring, ring.size, 0
+        self.start = ring.written - self.size  # the stream offset of the oldest byte kept
+
+    def seek(self, position: int) -> None:
+        self.position = max(0, min(position, self.size))
+
+    def read(self, count: int = -1) -> bytes:
+        end = self.size if count < 0 else min(self.size, self.position + count)
+        parts = []
+        while self.position < end:
+            at = (self.start + self.position) % self.ring.capacity
+            length = min(end - self.position, self.ring.capacity - at)
+            self.ring.handle.seek(at)
+            parts.append(self.ring.handle.read(length))
+            self.position += length
+        return b"".join(parts)
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
 
 
 def _read_seekable(handle: BinaryIO, size: int, name: str) -> LogText:
@@ -112,15 +203,19 @@ def _read_seekable(handle: BinaryIO, size: int, name: str) -> LogText:
     if encoding != "utf-8":
         # Windowing works on bytes; a wide encoding this large is rare enough to refuse plainly.
         raise LogReadError(f"{name}: {encoding} log larger than {SMALL_LOG_BYTES >> 20} MB; convert it to UTF-8 first")
-    handle.seek(0)
+    segments, kept = _window_segments(handle, size)
+    note = f"log is {size / 2**20:.0f} MB; read {kept / 2**20:.1f} MB around {len(segments)} failure marker(s) and its tail"
+    return LogText(segments=segments, size=size, name=name, windowed=True, notes=[note])
+
+
+def _window_segments(handle: BinaryIO, size: int) -> tuple[list[str], int]:
+    """The text of the windows worth parsing in a large UTF-8 log (see `_anchor_windows`), and the bytes they span."""
     windows = _anchor_windows(handle, size)
     segments = []
     for start, end in windows:
         handle.seek(start)
         segments.append(_decode(handle.read(end - start), "utf-8", trim_start=start > 0))
-    kept = sum(end - start for start, end in windows)
-    note = f"log is {size / 2**20:.0f} MB; read {kept / 2**20:.1f} MB around {len(windows)} failure marker(s) and its tail"
-    return LogText(segments=segments, size=size, name=name, windowed=True, notes=[note])
+    return segments, sum(end - start for start, end in windows)
 
 
 def _anchor_windows(handle: BinaryIO, size: int) -> list[tuple[int, int]]:
