@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERNAL = 70
+from .cli_common import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, Parser, UsageError  # noqa: F401 (re-exported)
+
 SUBCOMMANDS = ("explain", "rules", "run", "eval")
-
-
-class UsageError(Exception):
-    """Raised for arguments or input triage cannot use; printed as one line, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, not argparse's usage dump
-        raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +68,7 @@ usage: triage run [OPTIONS] SCRIPT [ARGS...]     run a script; triage whatever k
 
 
 def _explain(argv: list[str]) -> int:
-    parser = _Parser(prog="triage explain", description="Diagnose a pasted PyTorch error log without running anything.")
+    parser = Parser(prog="triage explain", description="Diagnose a pasted PyTorch error log without running anything.")
     parser.add_argument("file", nargs="?", default="-", help="log file; '-' or nothing reads standard input")
     parser.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     parser.add_argument("--rules", action="append", default=[], metavar="PATH", help="extra rule file or folder (repeatable)")

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from .cli import EXIT_FAILED, EXIT_OK, UsageError, _Parser
+from .cli_common import EXIT_FAILED, EXIT_OK, Parser, UsageError
 
 SCRIPT_TIMEOUT_S = 180
 PYTHON_CATEGORY = "python"
@@ -261,7 +261,7 @@ def _probe_lines(results: list[CaseResult]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = _Parser(prog="triage eval", description="Score triage against a corpus of failing logs and scripts.")
+    parser = Parser(prog="triage eval", description="Score triage against a corpus of failing logs and scripts.")
     parser.add_argument("dir", nargs="?", type=Path, help="corpus folder with logs/ and/or scripts/ (default: ours)")
     parser.add_argument("--logs-only", action="store_true", help="skip running scripts")
     parser.add_argument("--format", choices=("text", "json"), default="text")

@@ -7,11 +7,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cli import EXIT_FAILED, EXIT_OK, UsageError, _Parser
+from .cli_common import EXIT_FAILED, EXIT_OK, Parser, UsageError
 
 
 def main(argv: list[str]) -> int:
-    parser = _Parser(prog="triage rules", description="Inspect, test, lint and scaffold knowledge-base rules.")
+    parser = Parser(prog="triage rules", description="Inspect, test, lint and scaffold knowledge-base rules.")
     parser.add_argument("--rules", action="append", default=[], metavar="PATH",
                         help="extra rule file or folder, after the search path (repeatable)")
     sub = parser.add_subparsers(dest="command", metavar="list|show|test|lint|new")

@@ -6,7 +6,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from ..cli import UsageError
+from ..cli_common import UsageError
 
 DEFAULT_HANG_TIMEOUT = 300.0
 ON_HANG = ("report", "kill")
