@@ -133,7 +133,7 @@ class Reporter:
         stream.write("\n")
         if lead_in:
             stream.write(lead_in.rstrip("\n") + "\n")
-        to_terminal(report, stream)
+        to_terminal(report, stream, color=self.config.get("color"))
         stream.write(f"triage: report written to {shown_path(folder / 'report.md')}\n")
         stream.flush()
 
