@@ -55,7 +55,7 @@ class RunOptions:
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """The options of `triage run`, which `triage` / `python -m triage` take before SCRIPT too."""
-    parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    parser.add_argument("-h", "--help", action="store_true", help="show this help message and exit")
     add_version(parser)
     parser.add_argument("--report-dir", metavar="DIR",
                         help="where the report goes (default: $TRIAGE_REPORT_DIR or ./triage-reports, "
@@ -83,8 +83,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run_parser(prog: str = "triage run") -> Parser:
-    parser = Parser(prog=prog, add_help=False, description=DESCRIPTION,
-                    usage=f"{prog} [OPTIONS] SCRIPT [ARGS...]\n       {prog} [OPTIONS] -m MODULE [ARGS...]")
+    usage = f"{prog} [OPTIONS] SCRIPT [ARGS...]\n       {prog} [OPTIONS] -m MODULE [ARGS...]"
+    parser = Parser(prog=prog, usage=usage, description=DESCRIPTION, add_help=False,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)  # the description is laid out by hand
     add_run_options(parser)
     return parser
 
