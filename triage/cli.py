@@ -74,8 +74,9 @@ def _dispatch(argv: list[str]) -> int:
 
 
 def _prog() -> str:
-    """How the user called us: `python -m triage` runs triage/__main__.py, the console script is `triage`."""
-    return "python -m triage" if os.path.basename(sys.argv[0] or "") == "__main__.py" else "triage"
+    """How the user called us: `python -m triage` runs triage/__main__.py; the console script is `triage`."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return "python -m triage" if getattr(spec, "name", None) == "triage.__main__" else "triage"
 
 
 def top_level_help(prog: str = "triage") -> str:
