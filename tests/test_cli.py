@@ -168,7 +168,8 @@ def test_explain_json_file_keeps_the_text_view(tmp_path):
 
 
 def test_explain_json_to_an_unwritable_place_is_one_line(capsys, tmp_path):
-    line = one_line_error(capsys, ["explain", str(FIXTURES / "ipython8.log"), "--json", str(tmp_path / "no" / "dir.json")])
+    nowhere = str(tmp_path / "no" / "dir.json")
+    line = one_line_error(capsys, ["explain", str(FIXTURES / "ipython8.log"), "--json", nowhere])
     assert "cannot write it" in line
 
 

@@ -97,9 +97,9 @@ def top_level_help(prog: str = "triage") -> str:
 
 
 def explain_parser() -> Parser:
-    parser = Parser(prog="triage explain", description="Diagnose a pasted PyTorch error log without running anything "
-                    "(torch is not needed). Exit status 0 when the log was read, whether or not a rule matched; 2 when it "
-                    "could not be read.")  # fmt: skip
+    description = ("Diagnose a pasted PyTorch error log without running anything (torch is not needed). Exit status "
+                   "0 when the log was read, whether or not a rule matched; 2 when it could not be read.")
+    parser = Parser(prog="triage explain", description=description)
     parser.add_argument("file", nargs="?", default="-", metavar="FILE",
                         help="log file; `-` or nothing reads standard input")
     parser.add_argument("--format", choices=FORMATS, default=None, metavar="text|json|markdown",

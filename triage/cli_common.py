@@ -1,4 +1,4 @@
-"""Pieces every command-line module shares (exit statuses, the usage error, the parser): a leaf, it imports no triage module."""
+"""What every command-line module shares (exit statuses, the usage error, the parser); a leaf: imports no triage module."""
 
 from __future__ import annotations
 

@@ -116,7 +116,9 @@ def evaluate_logs(root: Path, kb, on_case: Callable[[CaseResult], None] | None =
     return results
 
 
-def evaluate_scripts(root: Path, jobs: int = 2, on_case: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
+def evaluate_scripts(
+    root: Path, jobs: int = 2, on_case: Callable[[CaseResult], None] | None = None
+) -> list[CaseResult]:
     """Each script under the runner, `jobs` at once; `on_case` hears of each result (from a worker thread)."""
     cases = load_cases(root)
 
@@ -272,8 +274,9 @@ def _probe_lines(results: list[CaseResult]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = Parser(prog="triage eval", description="Score triage against a corpus of failing logs and scripts, each "
-                    "with its expected diagnosis. Exit status 1 when a case misses. A progress bar shows on a terminal.")  # fmt: skip
+    description = ("Score triage against a corpus of failing logs and scripts, each with its expected diagnosis. "
+                   "Exit status 1 when a case misses. A progress bar shows on a terminal.")
+    parser = Parser(prog="triage eval", description=description)
     add_version(parser)
     parser.add_argument("dir", nargs="?", type=Path, metavar="DIR",
                         help="corpus folder with logs/ and/or scripts/ (default: ours)")

@@ -16,7 +16,9 @@ class ProgressBar:
     terminal (a pipe, a CI log), so output stays the same there.
     """
 
-    def __init__(self, total: int, description: str, stream: IO[str] | None = None, delay: float = SHOW_AFTER_S) -> None:
+    def __init__(
+        self, total: int, description: str, stream: IO[str] | None = None, delay: float = SHOW_AFTER_S
+    ) -> None:
         self.total = total
         self.description = description
         self.stream = stream if stream is not None else sys.stderr

@@ -59,8 +59,8 @@ def code_span(text: str) -> str:
     fence = "`" * (longest + 1)
     # A span that starts or ends with a backtick needs a space to part it from the fence; CommonMark strips one
     # space at each end when both are there, so a text already spaced at both ends gets one more to keep its own.
-    padded = text.startswith("`") or text.endswith("`") or (text.startswith(" ") and text.endswith(" ") and text.strip())
-    pad = " " if padded else ""
+    spaced = text.startswith(" ") and text.endswith(" ") and bool(text.strip())
+    pad = " " if text.startswith("`") or text.endswith("`") or spaced else ""
     return f"{fence}{pad}{text}{pad}{fence}"
 
 

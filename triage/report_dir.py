@@ -76,7 +76,7 @@ def claim_folder(*, explicit: str | None, root: str, label: str, run_id: str, wh
 def _ignore_in_git(folder: Path) -> None:
     gitignore = folder / ".gitignore"
     if not gitignore.exists():
-        gitignore.write_text("# Created by triage: a report folder holds data (batch.pt) that git should not track.\n*\n",
+        gitignore.write_text("# Created by triage: a report holds data (batch.pt) git should not track.\n*\n",
                              encoding="utf-8")
 
 

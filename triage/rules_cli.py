@@ -26,7 +26,8 @@ def main(argv: list[str]) -> int:
         command.add_argument("paths", nargs="*", type=Path, metavar="PATH",
                              help="rule files or folders to check (default: every rule in force)")
     new = sub.add_parser("new", help="scaffold a rule (or a copy of an existing rule, to override it)")
-    new.add_argument("id", metavar="ID", help="the new rule's id, e.g. team.fused-ln-dim; an existing id copies that rule")
+    new.add_argument("id", metavar="ID",
+                     help="the new rule's id, e.g. team.fused-ln-dim; an existing id copies that rule")
     new.add_argument("--dir", type=Path, default=None, metavar="DIR",
                      help="rules folder to write into (default: the project's .triage/rules)")
     args = parser.parse_args(argv)

@@ -78,7 +78,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                              "the random states of that moment: the failure comes at once")
     add_color(parser)
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as `python -m MODULE`")
-    parser.add_argument("script", nargs="?", metavar="SCRIPT", help="the script to run (`-`: read it from standard input)")
+    parser.add_argument("script", nargs="?", metavar="SCRIPT",
+                        help="the script to run (`-`: read it from standard input)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's own arguments")
 
 
@@ -152,8 +153,10 @@ def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"takes seconds, not {text!r}") from None
-    if value < 0 or value != value:
+        value = float("nan")
+    if value != value:  # not a number, or NaN itself
+        raise argparse.ArgumentTypeError(f"takes seconds, not {text!r}")
+    if value < 0:
         raise argparse.ArgumentTypeError("cannot be negative")
     return value
 
@@ -165,7 +168,8 @@ def _check_replay(replay: str) -> None:
     if os.path.isfile(os.path.join(replay, "step_inputs.pt")):
         raise UsageError(f"--replay: {replay} holds the failing step's inputs (step_inputs.pt), not a "
                          f"DataLoader's batch, so there is nothing to feed them to; re-run the whole script")
-    raise UsageError(f"--replay: {saved} does not exist (a failed run's report folder has it when the save_batch probe ran)")
+    raise UsageError(f"--replay: {saved} does not exist "
+                     "(a failed run's report folder has it when the save_batch probe ran)")
 
 
 def interpreter_argv() -> list[str]:
@@ -188,7 +192,7 @@ def main(argv: list[str], prog: str = "triage run", help_text: str | None = None
         return 0
     if importlib.util.find_spec("torch") is None:
         # The experiments re-run torch code; without torch the script is still run, captured and diagnosed.
-        sys.stderr.write(f"triage: torch is not installed for {sys.executable}: running {options.label} without "
+        sys.stderr.write(f"triage: torch is not installed for {sys.executable}: running {options.target} without "
                          f"triage's experiments (`{sys.executable} -m pip install torch` adds it)\n")
         options.probes = False
     from .supervisor import Supervisor
