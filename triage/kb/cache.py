@@ -3,7 +3,8 @@
 Validation parses every template to check the names it uses, which costs far more than
 matching; the result depends only on the rule files and on this engine, so it is keyed
 by their paths, sizes and modification times. Any failure to read or write the cache
-falls back to loading the files.
+falls back to loading the files. The cache keeps the MAX_ENTRIES entries used last
+(a hit refreshes an entry's time) and prunes the rest whenever it writes a new one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
+MAX_ENTRIES = 32  # a few hundred kB each: every project folder and rule layer has its own
+STALE_TEMP_S = 3600.0  # a temporary file this old was left by a process that died mid-write
 _ENGINE_FILES = ("rule.py", "loader.py", "yamlpos.py", "templates.py", "safe_regex.py", "cache.py")
 
 
@@ -34,7 +37,9 @@ def cached(files: list[Path], salt: str, build: Callable[[], T]) -> T:
     path = cache_dir() / f"kb-{key}.pickle"
     try:
         with open(path, "rb") as handle:
-            return pickle.load(handle)
+            value = pickle.load(handle)
+        _touch(path)
+        return value
     except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, TypeError, ValueError):
         pass
     value = build()
@@ -46,8 +51,42 @@ def cached(files: list[Path], salt: str, build: Callable[[], T]) -> T:
             pickle.dump(value, handle, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(handle.name, path)
     except OSError:
-        pass  # a read-only home is no reason to fail
+        return value  # a read-only home is no reason to fail
+    prune(path.parent, keep=path)
     return value
+
+
+def prune(folder: Path, keep: Path | None = None, max_entries: int = MAX_ENTRIES) -> None:
+    """Delete all but the `max_entries` most recently used entries (never `keep`), and stale temporary files."""
+    import time
+
+    entries = []
+    for path in folder.glob("kb-*.pickle"):
+        try:
+            entries.append((path.stat().st_mtime, path))
+        except OSError:
+            continue
+    entries.sort(reverse=True)
+    doomed = [path for _, path in entries[max_entries:] if path != keep]
+    now = time.time()
+    for path in folder.glob("*.tmp"):
+        try:
+            if now - path.stat().st_mtime > STALE_TEMP_S:
+                doomed.append(path)
+        except OSError:
+            continue
+    for path in doomed:
+        try:
+            path.unlink()
+        except OSError:
+            pass  # another process pruned it first, or the folder is read-only
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass
 
 
 def _key(files: list[Path], salt: str) -> str | None:
