@@ -70,7 +70,7 @@ def _dispatch(argv: list[str]) -> int:
     if command == "run":
         return run_main(rest, prog="triage run")
     prog = _prog()
-    return run_main(argv, prog=prog, help_text=top_level_help(prog))
+    return run_main(argv, prog=prog, help_text=lambda: top_level_help(prog))
 
 
 def _prog() -> str:

@@ -7,6 +7,7 @@ import importlib.util
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..cli_common import Parser, UsageError, add_color, add_version
 
@@ -184,11 +185,11 @@ def interpreter_argv() -> list[str]:
     return orig[:index]
 
 
-def main(argv: list[str], prog: str = "triage run", help_text: str | None = None) -> int:
+def main(argv: list[str], prog: str = "triage run", help_text: Callable[[], str] | None = None) -> int:
     """Parse, then hand the run to the supervisor, which ends this process with the script's status."""
     options = parse(argv, prog)
     if options is None:
-        sys.stdout.write(help_text if help_text is not None else run_parser(prog).format_help())
+        sys.stdout.write(help_text() if help_text is not None else run_parser(prog).format_help())
         return 0
     if importlib.util.find_spec("torch") is None:
         # The experiments re-run torch code; without torch the script is still run, captured and diagnosed.
