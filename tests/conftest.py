@@ -1,7 +1,5 @@
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,27 +8,22 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
-_ISOLATED_HOMES: str | None = None
-
-
-def pytest_configure(config):
-    """The suite's rule cache and config live in a temp folder, never in the user's ~/.cache or ~/.config."""
-    global _ISOLATED_HOMES
-    _ISOLATED_HOMES = tempfile.mkdtemp(prefix="triage-tests-")
-    for name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
-        os.environ[name] = os.path.join(_ISOLATED_HOMES, name.lower())
-
-
-def pytest_unconfigure(config):
-    if _ISOLATED_HOMES:
-        shutil.rmtree(_ISOLATED_HOMES, ignore_errors=True)
+@pytest.fixture(scope="session")
+def _private_xdg(tmp_path_factory):
+    """A cache and a config folder of the test session's own: not the user's rules, nor their ~/.cache."""
+    root = tmp_path_factory.mktemp("xdg")
+    (root / "cache").mkdir()
+    (root / "config").mkdir()
+    return root
 
 
 @pytest.fixture(autouse=True)
-def _plain_environment(monkeypatch):
-    """Fixed-width, colourless output, and triage's internal errors raised rather than swallowed."""
-    for name in ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "TRIAGE_RULES"):
+def _plain_environment(monkeypatch, _private_xdg):
+    """Fixed-width, colourless output, private XDG folders, and triage's internal errors raised rather than swallowed."""
+    for name in ("NO_COLOR", "FORCE_COLOR", "COLUMNS", "TRIAGE_RULES", "TRIAGE_REPORT_DIR"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(_private_xdg / "cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(_private_xdg / "config"))
     monkeypatch.setenv("TRIAGE_DEBUG", "1")
 
 

@@ -306,14 +306,14 @@ def test_an_internal_error_in_one_rule_is_a_warning(monkeypatch):
 
 
 def test_a_bug_while_reading_team_layers_keeps_the_built_in_rules(monkeypatch, tmp_path):
-    from triage.kb import searchpath
+    from triage.kb import loader, searchpath
 
     def broken(*args, **kwargs):
         raise OSError("simulated: unreadable folder")
 
     monkeypatch.delenv("TRIAGE_DEBUG", raising=False)
     (tmp_path / ".triage" / "rules").mkdir(parents=True)
-    monkeypatch.setattr(searchpath, "read_config", broken)
+    monkeypatch.setattr(loader, "read_config", broken)  # the loader reads each layer's triage.yaml with it
     kb = load_knowledge_base(env={}, cwd=tmp_path)
     assert kb.get("shape.view-invalid") is not None
     [problem] = kb.problems

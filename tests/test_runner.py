@@ -410,6 +410,85 @@ def test_the_parent_never_imports_torch() -> None:
     assert result.stdout == "False\n", result.stderr
 
 
+def test_script_from_stdin_matches_python_dash(tmp_path: Path) -> None:
+    source = textwrap.dedent("""\
+        import json, sys
+        print(json.dumps({"argv": sys.argv, "name": __name__, "file": __file__, "path0": sys.path[0],
+                          "loader": repr(__loader__), "spec": repr(__spec__), "cached": __cached__}))
+        print(repr(sys.stdin.read()))
+        config = {}
+        config["lr"]
+    """)
+    expected = subprocess.run([sys.executable, "-", "--lr", "0.1"], cwd=tmp_path, capture_output=True, text=True,
+                              input=source, timeout=TIMEOUT, env=_env())  # fmt: skip
+    result = triage("--no-probes", "-", "--lr", "0.1", cwd=tmp_path, stdin=source)
+    assert result.returncode == expected.returncode == 1
+    assert result.stdout == expected.stdout
+    assert json.loads(result.stdout.splitlines()[0])["argv"] == ["-", "--lr", "0.1"]
+    assert result.stderr.startswith(expected.stderr)
+    [folder] = (tmp_path / "triage-reports").iterdir()
+    assert folder.name.endswith("-stdin")
+    assert report(folder)["diagnoses"][0]["rule"] == "python.key-error"
+
+
+def test_triage_report_dir_moves_the_root_and_report_dir_wins(tmp_path: Path) -> None:
+    write(tmp_path, "bad.py", "import json\njson.loads('{not json')\n")
+    moved = triage("bad.py", cwd=tmp_path, env=_env(TRIAGE_REPORT_DIR="elsewhere/reports"))
+    assert moved.returncode == 1
+    [folder] = (tmp_path / "elsewhere" / "reports").iterdir()
+    assert folder.name.endswith("-bad") and (folder / "report.json").is_file()
+    assert (folder / ".gitignore").read_text().splitlines()[-1] == "*"
+    assert "elsewhere/reports/" in moved.stderr.splitlines()[-1]
+    named = triage("--report-dir", "mine", "bad.py", cwd=tmp_path, env=_env(TRIAGE_REPORT_DIR="elsewhere/reports"))
+    assert named.returncode == 1
+    assert (tmp_path / "mine" / "report.json").is_file()
+    assert len(list((tmp_path / "elsewhere" / "reports").iterdir())) == 1
+    assert not (tmp_path / "triage-reports").exists()
+
+
+def test_report_dir_in_a_folder_of_the_users_files_writes_no_gitignore(tmp_path: Path) -> None:
+    write(tmp_path, "bad.py", "raise ValueError('x')\n")
+    result = triage("--report-dir", ".", "bad.py", cwd=tmp_path)
+    assert result.returncode == 1
+    assert (tmp_path / "report.json").is_file()
+    assert not (tmp_path / ".gitignore").exists()
+
+
+HIDE_TORCH = """\
+\"\"\"Hide torch from this interpreter, as if it were not installed.\"\"\"
+import sys
+from importlib.machinery import PathFinder
+
+
+class PathFinderWithoutTorch(PathFinder):
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        return None if name.split(".")[0] == "torch" else super().find_spec(name, path, target)
+
+
+sys.meta_path[:] = [PathFinderWithoutTorch if finder is PathFinder else finder for finder in sys.meta_path]
+"""
+
+
+def test_without_torch_one_line_and_a_full_report(tmp_path: Path) -> None:
+    write(tmp_path, "hide/sitecustomize.py", HIDE_TORCH)
+    write(tmp_path, "train.py", "import torch\n")
+    env = {k: v for k, v in _env().items() if k != "TRIAGE_DEBUG"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "hide"), env["PYTHONPATH"]])
+    expected = plain(tmp_path / "train.py", cwd=tmp_path, env=env)
+    assert "No module named 'torch'" in expected.stderr  # torch is really hidden
+    result = triage("train.py", cwd=tmp_path, env=env)
+    assert result.returncode == expected.returncode == 1
+    first, *rest = result.stderr.splitlines()
+    assert first.startswith("triage: torch is not installed for ") and "without triage's experiments" in first
+    assert "\n".join(rest).startswith(expected.stderr.rstrip("\n"))
+    assert "internal error" not in result.stderr
+    [folder] = (tmp_path / "triage-reports").iterdir()
+    data = report(folder)
+    assert data["diagnoses"][0]["rule"] == "python.module-not-found"
+    assert all(not diagnosis["probes"] for diagnosis in data["diagnoses"])
+
+
 # --- DataLoader workers and hangs: these need torch ------------------------------------------
 
 torch_needed = pytest.importorskip
@@ -544,3 +623,29 @@ def test_nan_gradients_become_an_incident_and_training_goes_on(tmp_path: Path) -
     incident = report(tmp_path / "out")["incident"]
     assert incident["kind"] == "nan" and incident["facts"]["nan"]["step"] == 3
     assert incident["facts"]["nan"]["nonfinite_gradients"] == ["weight", "bias"]
+
+
+def test_a_triaged_run_leaves_git_status_clean(tmp_path: Path) -> None:
+    torch_needed("torch")
+    git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
+    write(tmp_path, "train.py", """\
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        data = TensorDataset(torch.randint(0, 12, (16, 4)), torch.randint(0, 3, (16,)))
+        model = nn.Sequential(nn.Embedding(10, 8), nn.Flatten(), nn.Linear(32, 3))
+        for x, y in DataLoader(data, batch_size=4):
+            nn.functional.cross_entropy(model(x), y).backward()
+    """)
+    subprocess.run([*git, "init", "-q", "."], cwd=tmp_path, check=True)
+    subprocess.run([*git, "add", "train.py"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "train"], cwd=tmp_path, check=True)
+    result = triage("train.py", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    [folder] = (tmp_path / "triage-reports").iterdir()
+    assert (folder / "batch.pt").is_file()  # user data, which must stay out of git
+    status = subprocess.run([*git, "status", "--porcelain"], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert status.stdout == ""
+    ignored = subprocess.run([*git, "status", "--porcelain", "--ignored"], cwd=tmp_path, capture_output=True, text=True)
+    assert "triage-reports/" in ignored.stdout

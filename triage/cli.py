@@ -1,14 +1,31 @@
-"""The `triage` command line: explain, rules, run (and `python -m triage SCRIPT`)."""
+"""The `triage` command line: run (also `triage SCRIPT` and `python -m triage SCRIPT`), explain, rules, eval."""
 
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-from .cli_common import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, Parser, UsageError
+from .cli_common import (  # noqa: F401 (UsageError and the statuses are re-exported)
+    EXIT_FAILED,
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_USAGE,
+    Parser,
+    ParserExit,
+    UsageError,
+    add_color,
+    add_version,
+)
 
 SUBCOMMANDS = ("explain", "rules", "run", "eval")
+FORMATS = ("text", "json", "markdown")
+COMMANDS_HELP = """\
+Commands:
+  run       run a script and triage whatever kills it (the default: `triage SCRIPT` is `triage run SCRIPT`)
+  explain   diagnose a pasted error log without running anything
+  rules     list, show, test, lint and scaffold knowledge-base rules
+  eval      score triage against a corpus of failing logs and scripts
+`triage COMMAND --help` describes each command."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"triage: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except ParserExit as exc:  # --help or --version was printed
+        return exc.status
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -33,46 +52,77 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
-        print(_USAGE)
-        return EXIT_OK if argv else EXIT_USAGE
-    if argv[0] == "--version":
-        from .version import __version__
-
-        print(f"triage {__version__}")
-        return EXIT_OK
-    if argv[0] == "explain":
-        return _explain(argv[1:])
-    if argv[0] == "rules":
+    if not argv:
+        raise UsageError(f"no script or command given (see `{_prog()} --help`)")
+    command, rest = argv[0], argv[1:]
+    if command == "explain":
+        return _explain(rest)
+    if command == "rules":
         from .rules_cli import main as rules_main
 
-        return rules_main(argv[1:])
-    if argv[0] == "eval":
+        return rules_main(rest)
+    if command == "eval":
         from .evaluate import main as eval_main
 
-        return eval_main(argv[1:])
-    if argv[0] == "run":
-        argv = argv[1:]
+        return eval_main(rest)
     from .runner.cli import main as run_main
 
-    return run_main(argv)
+    if command == "run":
+        return run_main(rest, prog="triage run")
+    prog = _prog()
+    return run_main(argv, prog=prog, help_text=lambda: top_level_help(prog))
 
 
-_USAGE = """\
-usage: triage run [OPTIONS] SCRIPT [ARGS...]     run a script; triage whatever kills it
-       python -m triage [OPTIONS] SCRIPT [ARGS...]
-       triage explain [FILE|-] [--format text|json|markdown]
-                                                 diagnose a pasted error log
-       triage rules list|show ID|test [PATH...]|lint [PATH...]|new ID
-       triage eval [DIR]                         score triage against a corpus"""
+def _prog() -> str:
+    """How the user called us: `python -m triage` runs triage/__main__.py; the console script is `triage`."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return "python -m triage" if getattr(spec, "name", None) == "triage.__main__" else "triage"
+
+
+def top_level_help(prog: str = "triage") -> str:
+    """`triage --help`: every command's usage, then the run options (the default command's)."""
+    from .runner.cli import run_parser
+
+    parser = run_parser(prog)
+    parser.usage = (
+        f"{prog} [OPTIONS] SCRIPT [ARGS...]\n"
+        f"       {prog} [OPTIONS] -m MODULE [ARGS...]\n"
+        "       triage run [OPTIONS] SCRIPT [ARGS...]\n"
+        "       triage explain [FILE|-] [--format text|json|markdown] [--json FILE|-]\n"
+        "       triage rules list|show ID|test [PATH...]|lint [PATH...]|new ID\n"
+        "       triage eval [DIR]"
+    )
+    parser.description = f"{COMMANDS_HELP}\n\n{parser.description}"
+    return parser.format_help()
+
+
+def explain_parser() -> Parser:
+    description = ("Diagnose a pasted PyTorch error log without running anything (torch is not needed). Exit status "
+                   "0 when the log was read, whether or not a rule matched; 2 when it could not be read.")
+    parser = Parser(prog="triage explain", description=description)
+    parser.add_argument("file", nargs="?", default="-", metavar="FILE",
+                        help="log file; `-` or nothing reads standard input")
+    parser.add_argument("--format", choices=FORMATS, default=None, metavar="text|json|markdown",
+                        help="what to print on standard output (default: text)")
+    parser.add_argument("--json", metavar="FILE",
+                        help="also write the JSON report (triage.report/1) to FILE; `-` prints it on standard output "
+                             "instead of the text view")
+    parser.add_argument("--rules", action="append", default=[], metavar="PATH",
+                        help="extra rule file or folder (repeatable)")
+    add_color(parser)
+    add_version(parser)
+    return parser
 
 
 def _explain(argv: list[str]) -> int:
-    parser = Parser(prog="triage explain", description="Diagnose a pasted PyTorch error log without running anything.")
-    parser.add_argument("file", nargs="?", default="-", help="log file; '-' or nothing reads standard input")
-    parser.add_argument("--format", choices=("text", "json", "markdown"), default="text")
-    parser.add_argument("--rules", action="append", default=[], metavar="PATH", help="extra rule file or folder (repeatable)")
-    args = parser.parse_args(argv)
+    args = explain_parser().parse_args(argv)
+    output = args.format or "text"
+    if args.json == "-":
+        if args.format not in (None, "json"):
+            raise UsageError(f"--json - and --format {args.format} would both print on standard output; choose one")
+        output = "json"
+
+    from pathlib import Path
 
     from .explain import explain_log
     from .kb import load_knowledge_base
@@ -89,10 +139,16 @@ def _explain(argv: list[str]) -> int:
         raise UsageError(str(exc)) from None
     from . import render
 
-    if args.format == "json":
+    if args.json not in (None, "-"):
+        try:
+            with open(args.json, "w", encoding="utf-8") as handle:
+                handle.write(render.to_json(report))
+        except OSError as exc:
+            raise UsageError(f"--json {args.json}: cannot write it ({exc.strerror or exc})") from None
+    if output == "json":
         sys.stdout.write(render.to_json(report))
-    elif args.format == "markdown":
+    elif output == "markdown":
         sys.stdout.write(render.to_markdown(report))
     else:
-        render.to_terminal(report, sys.stdout)
+        render.to_terminal(report, sys.stdout, color=args.color)
     return EXIT_OK

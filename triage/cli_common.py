@@ -1,21 +1,55 @@
-"""What every triage command line shares: exit statuses, the usage error and the one-line-error parser (a leaf)."""
+"""What every command-line module shares (exit statuses, the usage error, the parser); a leaf: imports no triage module."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import NoReturn
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERNAL = 70
+COLOR_CHOICES = ("auto", "always", "never")
 
 
 class UsageError(Exception):
     """Raised for arguments or input triage cannot use; printed as one line, exit status 2."""
 
 
-class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one-line UsageErrors, not argparse's usage dump and exit."""
+class ParserExit(Exception):
+    """Raised when a parser has printed what was asked for (--help, --version) and the command is done."""
 
-    def error(self, message: str) -> None:
+    def __init__(self, status: int = EXIT_OK) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+class Parser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line (a UsageError), not argparse's usage dump and exit."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # `--rep` is not `--report-dir`: an option is spelled out
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
         raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+    def exit(self, status: int = EXIT_OK, message: str | None = None) -> NoReturn:  # type: ignore[override]
+        if message:
+            sys.stderr.write(message)
+        raise ParserExit(status)
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    """`-V` / `--version`, the same on every command."""
+    from .version import __version__
+
+    parser.add_argument("-V", "--version", action="version", version=f"triage {__version__}",
+                        help="print triage's version and exit")
+
+
+def add_color(parser: argparse.ArgumentParser) -> None:
+    """`--color`, as pytest has it: auto leaves the choice to rich (a terminal, NO_COLOR, FORCE_COLOR, TERM)."""
+    parser.add_argument("--color", choices=COLOR_CHOICES, default="auto", metavar="auto|always|never",
+                        help="colour the report: auto (default) follows the terminal and NO_COLOR / FORCE_COLOR")

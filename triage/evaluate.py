@@ -19,11 +19,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
-from .cli_common import EXIT_FAILED, EXIT_OK, Parser, UsageError
+from .cli_common import EXIT_FAILED, EXIT_OK, Parser, UsageError, add_version
 
 SCRIPT_TIMEOUT_S = 180
 PYTHON_CATEGORY = "python"
@@ -96,8 +96,9 @@ def load_cases(root: Path) -> list[tuple[Path, dict[str, Any]]]:
     return cases
 
 
-def evaluate_logs(root: Path, kb, kind: str = "log") -> list[CaseResult]:
-    """`kind` names the corpus in the table: "log" for ours, "fresh" for logs gathered after the rules were written."""
+def evaluate_logs(root: Path, kb, kind: str = "log", on_case: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
+    """Each log through explain. `kind` names the corpus in the table: "log" for ours, "fresh" for logs gathered
+    after the rules were written; `on_case` hears of each result as it is scored (a progress bar)."""
     from .explain import explain_log
     from .logread import LogReadError
 
@@ -112,13 +113,25 @@ def evaluate_logs(root: Path, kb, kind: str = "log") -> list[CaseResult]:
             result.error = str(exc)
         result.seconds = time.perf_counter() - started
         results.append(result)
+        if on_case is not None:
+            on_case(result)
     return results
 
 
-def evaluate_scripts(root: Path, jobs: int = 2) -> list[CaseResult]:
+def evaluate_scripts(
+    root: Path, jobs: int = 2, on_case: Callable[[CaseResult], None] | None = None
+) -> list[CaseResult]:
+    """Each script under the runner, `jobs` at once; `on_case` hears of each result (from a worker thread)."""
     cases = load_cases(root)
+
+    def run(case: tuple[Path, dict[str, Any]]) -> CaseResult:
+        result = _run_script(*case)
+        if on_case is not None:
+            on_case(result)
+        return result
+
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(lambda case: _run_script(*case), cases))
+        return list(pool.map(run, cases))
 
 
 def _has_cuda() -> bool:
@@ -263,12 +276,18 @@ def _probe_lines(results: list[CaseResult]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = Parser(prog="triage eval", description="Score triage against a corpus of failing logs and scripts.")
-    parser.add_argument("dir", nargs="?", type=Path, help="corpus folder with logs/ and/or scripts/ (default: ours)")
+    description = ("Score triage against a corpus of failing logs and scripts, each with its expected diagnosis. "
+                   "Exit status 1 when a case misses. A progress bar shows on a terminal.")
+    parser = Parser(prog="triage eval", description=description)
+    add_version(parser)
+    parser.add_argument("dir", nargs="?", type=Path, metavar="DIR",
+                        help="corpus folder with logs/ and/or scripts/ (default: ours)")
     parser.add_argument("--logs-only", action="store_true", help="skip running scripts")
-    parser.add_argument("--format", choices=("text", "json"), default="text")
-    parser.add_argument("--rules", action="append", default=[], metavar="PATH")
-    parser.add_argument("--jobs", type=int, default=2, help="scripts run at once")
+    parser.add_argument("--format", choices=("text", "json"), default="text", metavar="text|json",
+                        help="the score table (default) or every case as JSON")
+    parser.add_argument("--rules", action="append", default=[], metavar="PATH",
+                        help="extra rule file or folder (repeatable)")
+    parser.add_argument("--jobs", type=_jobs, default=2, metavar="N", help="scripts run at once (default 2)")
     args = parser.parse_args(argv)
     root = args.dir or default_corpus()
     if not root.is_dir():
@@ -286,12 +305,18 @@ def main(argv: list[str]) -> int:
 
     from .kb import load_knowledge_base
 
+    from .progress import ProgressBar
+
     kb = load_knowledge_base([Path(p) for p in args.rules])
-    results = evaluate_logs(logs, kb) if logs else []
-    if fresh:
-        results += evaluate_logs(fresh, kb, kind="fresh")
-    if scripts and not args.logs_only:
-        results += evaluate_scripts(scripts, jobs=args.jobs)
+    run_scripts = scripts is not None and not args.logs_only
+    total = sum(len(load_cases(folder)) for folder in (logs, fresh) if folder) + (len(load_cases(scripts)) if run_scripts else 0)
+    with ProgressBar(total, "triage eval") as bar:
+        on_case = lambda result: bar.advance(Path(result.path).name)  # noqa: E731
+        results = evaluate_logs(logs, kb, on_case=on_case) if logs else []
+        if fresh:
+            results += evaluate_logs(fresh, kb, kind="fresh", on_case=on_case)
+        if run_scripts:
+            results += evaluate_scripts(scripts, jobs=args.jobs, on_case=on_case)
     if not results:
         raise UsageError(f"{root}: no cases (no expected.yaml under logs/ or scripts/)")
     if args.format == "json":
@@ -299,3 +324,13 @@ def main(argv: list[str]) -> int:
     else:
         print(format_table(results))
     return EXIT_OK if all(r.ok for r in results if r.kind != "fresh") else EXIT_FAILED
+
+
+def _jobs(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("takes 1 or more")
+    return value

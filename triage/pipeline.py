@@ -149,7 +149,8 @@ def run_experiments(report: Report, live: LiveContext, folder: Path | None,
         report.diagnoses = ranked
 
 
-def print_summary(report: Report, stream: IO[str], *, folder: Path | None = None, lead_in: str | None = None) -> None:
+def print_summary(report: Report, stream: IO[str], *, folder: Path | None = None, lead_in: str | None = None,
+                  color: str | None = None) -> None:
     """The terminal summary after the traceback: a blank line, `lead_in`, the report, and where the folder is."""
     from .render import to_terminal
     from .report_dir import shown_path
@@ -161,7 +162,7 @@ def print_summary(report: Report, stream: IO[str], *, folder: Path | None = None
     stream.write("\n")
     if lead_in:
         stream.write(lead_in.rstrip("\n") + "\n")
-    to_terminal(report, stream)
+    to_terminal(report, stream, color=color)
     if folder is not None and (folder / "report.md").is_file():
         stream.write(f"triage: report written to {shown_path(folder / 'report.md')}\n")
     stream.flush()

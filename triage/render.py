@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import IO
 
 from .diagnosis import Diagnosis, Report
 
 MAX_ALTERNATIVES = 4
+_BACKTICKS = re.compile(r"`+")
 
 
 def to_json(report: Report) -> str:
@@ -49,32 +51,57 @@ def _observation(report: Report) -> str:
     return "no traceback or error line found"
 
 
+def code_span(text: str) -> str:
+    """`text` as one Markdown code span, whatever backticks it holds (CommonMark: a longer backtick fence)."""
+    if not text:
+        return ""
+    longest = max((len(run) for run in _BACKTICKS.findall(text)), default=0)
+    fence = "`" * (longest + 1)
+    # A span that starts or ends with a backtick needs a space to part it from the fence; CommonMark strips one
+    # space at each end when both are there, so a text already spaced at both ends gets one more to keep its own.
+    spaced = text.startswith(" ") and text.endswith(" ") and bool(text.strip())
+    pad = " " if text.startswith("`") or text.endswith("`") or spaced else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def code_block(text: str) -> list[str]:
+    """`text` as a fenced Markdown block, the fence longer than any backtick run inside."""
+    longest = max((len(run) for run in _BACKTICKS.findall(text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, text, fence]
+
+
+def alternatives(report: Report) -> list[Diagnosis]:
+    """The diagnoses after the leading one, most confident first (ties keep the ranking's order)."""
+    return sorted(report.diagnoses[1:], key=lambda diagnosis: -diagnosis.confidence)
+
+
 def to_markdown(report: Report) -> str:
     lines = ["# triage report", ""]
-    lines.append(f"**Observed:** `{_observation(report)}`")
+    lines.append(f"**Observed:** {code_span(_observation(report))}")
     where = _location(report)
     if where:
-        lines.append(f"**Where:** `{where}`")
+        lines.append(f"**Where:** {code_span(where)}")
     label, side_where = _side_location(report)
     if side_where:
-        lines.append(f"**{label[0].upper()}{label[1:]}:** `{side_where}`")
+        lines.append(f"**{label[0].upper()}{label[1:]}:** {code_span(side_where)}")
     lines.append("")
     if not report.diagnoses:
         lines += ["No rule in the knowledge base matched this failure.", ""]
-    for rank, diagnosis in enumerate(report.diagnoses, start=1):
+    for rank, diagnosis in enumerate(report.diagnoses[:1] + alternatives(report), start=1):
         heading = "##" if rank == 1 else "###"
         lines.append(f"{heading} {rank}. {diagnosis.title}")
         lines.append("")
-        lines.append(f"`{diagnosis.rule}` · {diagnosis.category} · confidence {diagnosis.confidence:.0%}")
+        lines.append(f"{code_span(diagnosis.rule)} · {diagnosis.category} · confidence {diagnosis.confidence:.0%}")
         lines.append("")
         lines.append(f"**Hypothesis.** {diagnosis.hypothesis}")
         lines.append("")
         if diagnosis.evidence:
             lines.append("**Evidence**")
-            lines += [f"- `{item}`" if "`" not in item else f"- {item}" for item in diagnosis.evidence]
+            lines += [f"- {code_span(item)}" for item in diagnosis.evidence]  # verbatim lines, shown as written
             lines.append("")
         for probe in diagnosis.probes:
-            lines.append(f"**Experiment `{probe.name}`: {probe.status}.** {probe.detail}")
+            lines.append(f"**Experiment {code_span(probe.name)}: {probe.status}.** {probe.detail}")
             lines.append("")
         if diagnosis.confirm:
             lines += [f"**Confirm.** {diagnosis.confirm}", ""]
@@ -82,7 +109,7 @@ def to_markdown(report: Report) -> str:
         if diagnosis.verify:
             lines += [f"**Verify the fix.** {diagnosis.verify}", ""]
             for command, note in _rerun_lines(report.rerun) if rank == 1 else ():  # the same commands for all
-                lines += [f"```\n{command}\n```", f"{note[0].upper()}{note[1:]}.", ""]
+                lines += [*code_block(command), f"{note[0].upper()}{note[1:]}.", ""]
     for note in report.incident.notes + report.warnings:
         lines.append(f"> {note}")
     return "\n".join(lines).rstrip() + "\n"
@@ -102,10 +129,10 @@ def terminal_lines(report: Report) -> list[Line]:
         lines.append([(f"  {label} at {side_where}", "")])
     if not report.diagnoses:
         lines += [[("", "")], [("No rule in the knowledge base matched this failure.", "")]]
-        lines.append([("Run with --format json for the parsed incident; add a team rule with `triage rules new`.", "")])
+        lines.append([(f"{_incident_hint(report)}; add a team rule with `triage rules new`.", "")])
     else:
         lines += _diagnosis_lines(report.diagnoses[0], report.rerun)
-        others = report.diagnoses[1 : 1 + MAX_ALTERNATIVES]
+        others = alternatives(report)[:MAX_ALTERNATIVES]
         if others:
             lines += [[("", "")], [("Other possibilities", "bold")]]
             for number, diagnosis in enumerate(others, start=2):
@@ -113,6 +140,13 @@ def terminal_lines(report: Report) -> list[Line]:
     for note in report.incident.notes + report.warnings:
         lines.append([(f"note: {note}", "dim")])
     return lines
+
+
+def _incident_hint(report: Report) -> str:
+    """Where the parsed incident can be read, in the terms of the command that made this report."""
+    if report.source == "log":
+        return "`triage explain --format json` (or `--json FILE`) prints the parsed incident"
+    return "The captured incident is in the report folder's report.json"
 
 
 def _rerun_lines(rerun: dict[str, str | None] | None) -> list[tuple[str, str]]:
@@ -148,18 +182,32 @@ def _diagnosis_lines(diagnosis: Diagnosis, rerun: dict[str, str | None] | None) 
     return lines
 
 
-def to_terminal(report: Report, file: IO[str], color: bool | None = None, width: int | None = None) -> None:
-    """Write the concise view: styled through rich on a colour terminal, plain text otherwise."""
-    if color is None:
-        color = file.isatty() and "NO_COLOR" not in os.environ
+def to_terminal(report: Report, file: IO[str], color: bool | str | None = "auto", width: int | None = None) -> None:
+    """Write the concise view. `color`: "always", "never", or "auto" (None): rich decides from whether `file` is a
+    terminal and from NO_COLOR, FORCE_COLOR and TERM."""
+    choice = {True: "always", False: "never", None: "auto"}.get(color, color)  # type: ignore[arg-type]
     lines = terminal_lines(report)
-    if not color:
-        # rich is imported only where there is colour to show; plain output needs none of it.
+    if choice == "never" or (choice == "auto" and not _may_be_coloured(file)):
         file.write("".join("".join(text for text, _style in line) + "\n" for line in lines))
         return
     from rich.console import Console
     from rich.text import Text
 
-    console = Console(file=file, width=width, force_terminal=True, highlight=False, emoji=False)
+    console = Console(file=file, width=width, force_terminal=True if choice == "always" else None,
+                      force_jupyter=False, highlight=False, emoji=False, markup=False)  # fmt: skip
+    soft_wrap = not _isatty(file)  # a log file or pipe keeps whole lines; a terminal gets rich's word wrap
     for line in lines:
-        console.print(Text.assemble(*((text, style) for text, style in line)))
+        console.print(Text.assemble(*((text, style) for text, style in line)), soft_wrap=soft_wrap)
+
+
+def _may_be_coloured(file: IO[str]) -> bool:
+    """False only where rich would print no colour anyway (not a terminal, and nothing in the environment forces
+    one): plain text then needs no rich import, which keeps `triage explain ... | less` fast."""
+    return _isatty(file) or "FORCE_COLOR" in os.environ or "TTY_COMPATIBLE" in os.environ
+
+
+def _isatty(file: IO[str]) -> bool:
+    try:
+        return file.isatty()
+    except (AttributeError, ValueError):  # no such method, or a closed file
+        return False

@@ -19,6 +19,7 @@ from .incident import Frame
 from .render import to_markdown
 
 DEFAULT_ROOT = "triage-reports"
+REPORT_DIR_ENV = "TRIAGE_REPORT_DIR"
 MAX_FOLDERS = 1000
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -29,13 +30,21 @@ def folder_name(label: str, when: float) -> str:
 
 
 def claim_folder(*, explicit: str | None, root: str, label: str, run_id: str, when: float | None = None) -> Path:
-    """A folder no other incident of this run (nor, by default, any other run) writes into."""
+    """A folder no other incident of this run (nor, by default, any other run) writes into.
+
+    `explicit` is --report-dir. Without it the folder goes under `root` (./triage-reports where the command
+    started), or under $TRIAGE_REPORT_DIR when that is set (a relative one is taken from the same place).
+    Every folder triage makes ignores itself in git (a `.gitignore` of `*`, as pytest's cache has): reports hold
+    user data (batch.pt) and never belong in `git status`.
+    """
     when = time.time() if when is None else when
     if explicit:
         base = Path(explicit)
         for number in range(1, MAX_FOLDERS):
             candidate = base if number == 1 else base.with_name(f"{base.name}-{number}")
+            fresh = not candidate.exists()
             candidate.mkdir(parents=True, exist_ok=True)
+            ours = fresh or any(candidate.glob(".triage-run-*")) or not any(candidate.iterdir())
             marker = candidate / f".triage-run-{run_id}"
             try:
                 os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
@@ -44,8 +53,13 @@ def claim_folder(*, explicit: str | None, root: str, label: str, run_id: str, wh
             for stale in candidate.glob(".triage-run-*"):
                 if stale != marker:
                     stale.unlink(missing_ok=True)
+            if ours:  # a folder the user already keeps other files in (`--report-dir .`) is left as it is
+                _ignore_in_git(candidate)
             return candidate
         raise OSError(f"no free report folder next to {base}")
+    moved = os.environ.get(REPORT_DIR_ENV)
+    if moved:
+        root = os.path.join(os.path.dirname(os.path.abspath(root)), os.path.expanduser(moved))
     base = Path(root) / folder_name(label, when)
     base.parent.mkdir(parents=True, exist_ok=True)
     for number in range(1, MAX_FOLDERS):
@@ -54,6 +68,7 @@ def claim_folder(*, explicit: str | None, root: str, label: str, run_id: str, wh
             candidate.mkdir()
         except FileExistsError:
             continue
+        _ignore_in_git(candidate)
         return candidate
     raise OSError(f"no free report folder in {base.parent}")
 
@@ -106,6 +121,12 @@ class ReportWriter:
 
 INCOMPLETE_NOTE = ("\n> Experiments were still running when this report was written: the probes listed are those "
                    "that had finished, and the ranking is the matcher's.\n")
+
+def _ignore_in_git(folder: Path) -> None:
+    gitignore = folder / ".gitignore"
+    if not gitignore.exists():
+        gitignore.write_text("# Created by triage: a report holds data (batch.pt) git should not track.\n*\n",
+                             encoding="utf-8")
 
 
 def write_report(

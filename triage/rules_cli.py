@@ -7,25 +7,28 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cli_common import EXIT_FAILED, EXIT_OK, Parser, UsageError
+from .cli_common import EXIT_FAILED, EXIT_OK, Parser, UsageError, add_version
 
 
 def main(argv: list[str]) -> int:
-    parser = Parser(prog="triage rules", description="Inspect, test, lint and scaffold knowledge-base rules.")
+    parser = Parser(prog="triage rules", description="Inspect, test, lint and scaffold knowledge-base rules "
+                    "(see docs/team-rules.md). Exit status 1 when `test` or `lint` finds a problem.")  # fmt: skip
+    add_version(parser)
     parser.add_argument("--rules", action="append", default=[], metavar="PATH",
                         help="extra rule file or folder, after the search path (repeatable)")
-    sub = parser.add_subparsers(dest="command", metavar="list|show|test|lint|new")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     sub.required = True
     sub.add_parser("list", help="every rule in force, where it comes from, and what is overridden or disabled")
     show = sub.add_parser("show", help="a rule's what / why / confirm / fix and its file:line")
-    show.add_argument("id")
+    show.add_argument("id", metavar="ID", help="the rule's id, e.g. shape.linear-in-features")
     for name in ("test", "lint"):
         command = sub.add_parser(name, help="run rule examples" if name == "test" else "report every problem in rule files")
-        command.add_argument("paths", nargs="*", type=Path,
+        command.add_argument("paths", nargs="*", type=Path, metavar="PATH",
                              help="rule files or folders to check (default: every rule in force)")
     new = sub.add_parser("new", help="scaffold a rule (or a copy of an existing rule, to override it)")
-    new.add_argument("id", help="the new rule's id, e.g. team.fused-ln-dim; an existing id copies that rule")
-    new.add_argument("--dir", type=Path, default=None,
+    new.add_argument("id", metavar="ID",
+                     help="the new rule's id, e.g. team.fused-ln-dim; an existing id copies that rule")
+    new.add_argument("--dir", type=Path, default=None, metavar="DIR",
                      help="rules folder to write into (default: the project's .triage/rules)")
     args = parser.parse_args(argv)
     return {"list": _list, "show": _show, "test": _test, "lint": _lint, "new": _new}[args.command](args)

@@ -3,7 +3,8 @@
 Validation parses every template to check the names it uses, which costs far more than
 matching; the result depends only on the rule files and on this engine, so it is keyed
 by their paths, sizes and modification times. Any failure to read or write the cache
-falls back to loading the files.
+falls back to loading the files. The cache keeps the MAX_ENTRIES entries used last
+(a hit refreshes an entry's time) and prunes the rest whenever it writes a new one.
 """
 
 from __future__ import annotations
@@ -12,14 +13,13 @@ import hashlib
 import os
 import pickle
 import sys
-import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
+MAX_ENTRIES = 32  # a few hundred kB each: every project folder and rule layer has its own
+STALE_TEMP_S = 3600.0  # a temporary file this old was left by a process that died mid-write
 _ENGINE_FILES = ("rule.py", "loader.py", "yamlpos.py", "templates.py", "safe_regex.py", "cache.py")
-# Each set of rule files, rules folders and engine version is one entry; a few cover a user's projects.
-MAX_ENTRIES = 16
 
 
 def cache_dir() -> Path:
@@ -38,7 +38,7 @@ def cached(files: list[Path], salt: str, build: Callable[[], T]) -> T:
     try:
         with open(path, "rb") as handle:
             value = pickle.load(handle)
-        os.utime(path)  # recently used entries survive pruning
+        _touch(path)
         return value
     except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, TypeError, ValueError):
         pass
@@ -50,29 +50,43 @@ def cached(files: list[Path], salt: str, build: Callable[[], T]) -> T:
         with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as handle:
             pickle.dump(value, handle, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(handle.name, path)
-        prune(path.parent)
     except OSError:
-        pass  # a read-only home is no reason to fail
+        return value  # a read-only home is no reason to fail
+    prune(path.parent, keep=path)
     return value
 
 
-def prune(folder: Path, keep: int = MAX_ENTRIES) -> None:
-    """Delete all but the `keep` most recently used entries (and temp files a killed writer left)."""
+def prune(folder: Path, keep: Path | None = None, max_entries: int = MAX_ENTRIES) -> None:
+    """Delete all but the `max_entries` most recently used entries (never `keep`), and stale temporary files."""
+    import time
+
     entries = []
-    for entry in folder.glob("kb-*.pickle"):
+    for path in folder.glob("kb-*.pickle"):
         try:
-            entries.append((entry.stat().st_mtime_ns, entry))
+            entries.append((path.stat().st_mtime, path))
         except OSError:
             continue
     entries.sort(reverse=True)
-    for _, stale in entries[keep:]:
-        stale.unlink(missing_ok=True)
-    for leftover in folder.glob("tmp*.tmp"):
+    doomed = [path for _, path in entries[max_entries:] if path != keep]
+    now = time.time()
+    for path in folder.glob("*.tmp"):
         try:
-            if leftover.stat().st_mtime < time.time() - 3600:
-                leftover.unlink(missing_ok=True)
+            if now - path.stat().st_mtime > STALE_TEMP_S:
+                doomed.append(path)
         except OSError:
             continue
+    for path in doomed:
+        try:
+            path.unlink()
+        except OSError:
+            pass  # another process pruned it first, or the folder is read-only
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass
 
 
 def _key(files: list[Path], salt: str) -> str | None:

@@ -81,28 +81,24 @@ def _check_depth(text: str) -> None:
     """Refuse deep nesting from the event stream, before composing: libyaml's composer
     recurses once per level and crashes the interpreter (SIGSEGV) near 100,000 levels."""
     depth = 0
-    events = yaml.parse(text, Loader=_Loader)
-    while True:
-        try:
-            event = next(events, None)
-        except yaml.MarkedYAMLError as exc:
-            # libyaml 0.2.5+ scans ahead and stops at its own limit (1,000 levels) before this
-            # loop sees level 25: the file is refused for the same reason, said in our words.
-            if "depth" in str(exc.problem or ""):
-                mark = exc.problem_mark
-                raise YamlError(f"nested deeper than {MAX_DEPTH} levels; refused",
-                                Position(mark.line + 1, mark.column + 1) if mark else None) from None
+    try:
+        for event in yaml.parse(text, Loader=_Loader):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    mark = event.start_mark
+                    position = Position(mark.line + 1, mark.column + 1)
+                    raise YamlError(f"nested deeper than {MAX_DEPTH} levels; refused", position)
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    except yaml.MarkedYAMLError as exc:
+        # Newer libyaml (PyYAML 6.0.4) refuses deep nesting while scanning, before our count sees it:
+        # the same refusal, in our words.
+        if "depth" not in str(exc.problem or ""):
             raise
-        if event is None:
-            return
-        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            depth += 1
-            if depth > MAX_DEPTH:
-                mark = event.start_mark
-                position = Position(mark.line + 1, mark.column + 1)
-                raise YamlError(f"nested deeper than {MAX_DEPTH} levels; refused", position)
-        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            depth -= 1
+        mark = exc.problem_mark
+        raise YamlError(f"nested deeper than {MAX_DEPTH} levels; refused",
+                        Position(mark.line + 1, mark.column + 1) if mark else None) from None
 
 
 def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:

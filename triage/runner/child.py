@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from .. import tracking
 from ..tracking import TRACKER
 from .channel import CRASH_DUMP, DUMP_SIGNAL, PHASE_EXITING, PHASE_RUNNING, PHASE_TRIAGING, STACK_DUMP, STATUS, WORKERS, Channel
-from .options import interpreter_argv
+from .options import STDIN_SCRIPT, interpreter_argv
 from .hooks import Heartbeat, TorchHooks, TorchImportWatcher, WarningRecorder
 
 EXIT_INTERNAL_DEBUG = 70
@@ -310,7 +310,12 @@ def _prepare_main(target: str, module: bool, args: list[str]) -> None:
         sys.orig_argv = [*interpreter, "-m", target, *args]
     else:
         sys.argv = [target, *args]
-        path0 = os.path.realpath(target) if os.path.isdir(target) or _is_zip(target) else os.path.dirname(os.path.realpath(target))
+        if target == STDIN_SCRIPT:
+            path0 = ""  # `python -` puts the working directory first, as an empty entry
+        elif os.path.isdir(target) or _is_zip(target):
+            path0 = os.path.realpath(target)
+        else:
+            path0 = os.path.dirname(os.path.realpath(target))
         sys.orig_argv = [*interpreter, target, *args]
     if not sys.flags.safe_path:
         if sys.path:
@@ -349,7 +354,20 @@ def _run_module(name: str) -> None:
     runpy._run_module_as_main(name, alter_argv=True)
 
 
+def _run_stdin() -> None:
+    """`python -`: the script is standard input, read to its end; its file is `<stdin>`."""
+    source = sys.stdin.buffer.read() if sys.stdin is not None else b""
+    main = _fresh_main()
+    main.__dict__["__file__"] = "<stdin>"
+    main.__dict__["__cached__"] = None
+    main.__dict__["__loader__"] = sys.modules["builtins"].__loader__
+    exec(compile(source, "<stdin>", "exec", dont_inherit=True), main.__dict__)
+
+
 def _run_path(target: str) -> None:
+    if target == STDIN_SCRIPT:
+        _run_stdin()
+        return
     if os.path.isdir(target) or _is_zip(target):
         # `python DIR` and `python APP.zip` run DIR/__main__.py through runpy with DIR on sys.path.
         import runpy

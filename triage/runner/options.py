@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 DEFAULT_HANG_TIMEOUT = 300.0
 ON_HANG = ("report", "kill")
+STDIN_SCRIPT = "-"  # as with `python -`: the script is read from standard input
 
 
 @dataclass
@@ -24,12 +25,15 @@ class RunOptions:
     on_hang: str = "report"
     rules: list[str] = field(default_factory=list)
     replay: str | None = None
+    color: str = "auto"
 
     @property
     def label(self) -> str:
         """A short name for report folders: the script's stem or the module's last part."""
         if self.module:
             return self.target.rsplit(".", 1)[-1]
+        if self.target == STDIN_SCRIPT:
+            return "stdin"
         name = os.path.basename(os.path.normpath(self.target))
         return name[:-3] if name.endswith(".py") else name
 

@@ -66,7 +66,7 @@ class Reporter:
             warnings=rule_warnings(kb), timings=timings,
         )  # fmt: skip
         self.folders.append(str(folder))
-        print_summary(report, stream or sys.stderr, folder=folder, lead_in=lead_in)
+        print_summary(report, stream or sys.stderr, folder=folder, lead_in=lead_in, color=self.config.get("color"))
         return folder
 
     def run_info(self) -> dict[str, Any]:

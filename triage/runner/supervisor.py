@@ -62,6 +62,7 @@ class Supervisor:
             "cwd": cwd,
             "hang_timeout": options.hang_timeout,
             "replay": os.path.abspath(options.replay) if options.replay else None,
+            "color": options.color,
         }
 
     def run(self) -> NoReturn:
