@@ -117,3 +117,34 @@ def test_import_triage_loads_neither_torch_nor_ipython():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=triage_env(), timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_lightning_failure_in_a_cell_is_reported_once(tmp_path):
+    pytest.importorskip("lightning")
+    fit_cell = '''
+import torch
+from torch import nn
+import lightning.pytorch as pl
+from triage.integrations.lightning import TriageCallback
+
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(6, 3)
+    def forward(self, x):
+        return self.head(x)
+    def training_step(self, batch, batch_idx):
+        return nn.functional.cross_entropy(self(batch[0]), batch[1])
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+data = torch.utils.data.TensorDataset(torch.randn(8, 8), torch.zeros(8, dtype=torch.long))
+trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, callbacks=[TriageCallback()])
+trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=4))
+'''
+    out, err = run_session([("load", "%load_ext triage"), ("fit", fit_cell), ("again", "%triage")], tmp_path)
+    assert "mat1 and mat2 shapes cannot be multiplied (4x8 and 6x3)" in out["fit"]
+    # The callback diagnosed it before Lightning's teardown; the extension shows that report, not a second one.
+    assert (err["fit"] + out["fit"]).count("shape.linear-in-features") == 1
+    assert "shape.linear-in-features" in out["again"]
