@@ -35,7 +35,8 @@ class WrongInFeatures(pl.LightningModule):
 
 def fit(module, callback, tmp_path):
     generator = torch.Generator().manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(20, 8, generator=generator), torch.randint(0, 3, (20,), generator=generator))
+    data = torch.utils.data.TensorDataset(torch.randn(20, 8, generator=generator),
+                                          torch.randint(0, 3, (20,), generator=generator))
     trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
                          callbacks=[callback])

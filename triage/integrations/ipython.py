@@ -25,7 +25,6 @@ class TriageExtension:
     """The state of `%load_ext triage` in one shell: the handler it replaced and the last report."""
 
     def __init__(self, shell: Any) -> None:
-        self.shell = shell
         self.replaced = (shell.custom_exceptions, shell.CustomTB)
         self.last_report: Any = None
         # The last failing cell's exception, kept as IPython keeps it (sys.last_value) until the next failure,
@@ -33,7 +32,8 @@ class TriageExtension:
         self.last_error: BaseException | None = None
         self.owns_capture = False
 
-    def handle_exception(self, shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> None:
+    def handle_exception(self, shell: Any, etype: type, value: BaseException, tb: Any,
+                         tb_offset: int | None = None) -> None:
         shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
         self.last_error, self.last_report = value, reporting.report_for(value)
         if self.last_report is None and _is_pytorch_error(value):

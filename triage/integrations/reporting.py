@@ -33,7 +33,7 @@ def diagnose_exception(exc: BaseException, tracker: Any = None, *, quiet: bool =
         print(f"triage: could not diagnose this failure: {type(failure).__name__}: {failure} "
               "(set TRIAGE_DEBUG=1 for details)", file=sys.stderr)
         return None
-    _latest = (id(exc), type(exc), str(exc), report)
+    _latest = (id(exc), type(exc), _message(exc), report)
     return report
 
 
@@ -42,7 +42,14 @@ def report_for(exc: BaseException) -> Any:
     if _latest is None:
         return None
     ident, kind, message, report = _latest
-    return report if ident == id(exc) and kind is type(exc) and message == str(exc) else None
+    return report if ident == id(exc) and kind is type(exc) and message == _message(exc) else None
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # a hostile __str__ must not turn a report into a new failure
+        return f"<{type(exc).__name__}: str() failed>"
 
 
 def is_pytorch_error(exc: BaseException) -> bool:
