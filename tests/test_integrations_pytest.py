@@ -1,21 +1,14 @@
 """`pytest --triage` (pytester): a test failing with a PyTorch error gets a triage section; others do not."""
 
 import importlib.metadata
+import importlib.util
 import subprocess
 import sys
 import tomllib
 
 import pytest
-# Imported here so that pytester's in-process runs find them loaded: it drops the modules a run imported when
-# the run ends, and a second import of torch's extension modules in one process crashes.
-import torch  # noqa: F401
 
 from conftest import ROOT, triage_env
-
-try:
-    import lightning.pytorch  # noqa: F401
-except ImportError:
-    pass
 
 pytest_plugins = ["pytester"]
 
@@ -46,10 +39,21 @@ def test_passes():
 '''
 
 
-def plugin_args():
-    """Load the plugin by module unless its entry point is installed (then pytest loads it by itself)."""
+def needs(*modules):
+    """Skip without importing: an import made under pytester is dropped when the test ends, and torch's extension
+    modules crash when imported a second time."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}")
+
+
+def run(pytester, monkeypatch, *args):
+    """pytest in a subprocess (an in-process run drops the modules it imported, torch's included, as it ends)
+    that imports this checkout, with the plugin loaded by module unless its entry point is installed."""
+    monkeypatch.setenv("PYTHONPATH", triage_env()["PYTHONPATH"])
     installed = any(ep.name == "triage" for ep in importlib.metadata.entry_points(group="pytest11"))
-    return [] if installed else ["-p", "triage.integrations.pytest_plugin"]
+    plugin = [] if installed else ["-p", "triage.integrations.pytest_plugin"]
+    return pytester.runpytest_subprocess(*plugin, "-p", "no:cacheprovider", *args, timeout=300)
 
 
 def sections(result):
@@ -67,9 +71,9 @@ def sections(result):
     return out
 
 
-def test_triage_section_for_a_pytorch_error_only(pytester):
+def test_triage_section_for_a_pytorch_error_only(pytester, monkeypatch):
     pytester.makepyfile(test_model=FAILING_TESTS)
-    result = pytester.runpytest(*plugin_args(), "--triage", "-p", "no:cacheprovider")
+    result = run(pytester, monkeypatch, "--triage")
     result.assert_outcomes(failed=4, passed=1)
     by_test = sections(result)
     torch_failure = by_test["test_wrong_in_features"]
@@ -82,16 +86,16 @@ def test_triage_section_for_a_pytorch_error_only(pytester):
         assert "- triage -" not in by_test[name], name
 
 
-def test_without_the_option_nothing_is_added(pytester):
+def test_without_the_option_nothing_is_added(pytester, monkeypatch):
     pytester.makepyfile(test_model=FAILING_TESTS)
-    result = pytester.runpytest(*plugin_args(), "-p", "no:cacheprovider", "-k", "wrong_in_features")
+    result = run(pytester, monkeypatch, "-k", "wrong_in_features")
     result.assert_outcomes(failed=1)
     assert "- triage -" not in result.stdout.str()
     assert not (pytester.path / "triage-reports").exists()
 
 
-def test_a_lightning_callback_inside_a_test_reports_once(pytester):
-    pytest.importorskip("lightning")
+def test_a_lightning_callback_inside_a_test_reports_once(pytester, monkeypatch):
+    needs("lightning")
     pytester.makepyfile(test_fit='''
         import torch
         from torch import nn
@@ -120,7 +124,7 @@ def test_a_lightning_callback_inside_a_test_reports_once(pytester):
                                  enable_progress_bar=False, enable_model_summary=False, callbacks=[TriageCallback()])
             trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=4))
     ''')
-    result = pytester.runpytest(*plugin_args(), "--triage", "-p", "no:cacheprovider")
+    result = run(pytester, monkeypatch, "--triage")
     result.assert_outcomes(failed=1)
     text = result.stdout.str()
     assert text.count("shape.linear-in-features") == 1  # in the triage section, not again in captured stderr
@@ -140,3 +144,52 @@ def test_the_plugin_is_registered_as_a_pytest11_entry_point():
     assert project["entry-points"]["pytest11"] == {"triage": "triage.integrations.pytest_plugin"}
     extras = project["optional-dependencies"]
     assert {"ipython", "lightning", "transformers"} <= set(extras)
+
+
+def test_a_transformers_trainer_failing_inside_a_test_is_diagnosed_with_its_batch(pytester, monkeypatch):
+    needs("transformers", "accelerate")
+
+    pytester.makepyfile(test_train='''
+        import torch
+        from torch import nn
+        from transformers import PretrainedConfig, PreTrainedModel, Trainer, TrainingArguments
+        from triage.integrations.transformers import TriageCallback
+
+
+        class TinyConfig(PretrainedConfig):
+            model_type = "triage-tiny-pytest"
+
+
+        class TinyClassifier(PreTrainedModel):
+            config_class = TinyConfig
+
+            def __init__(self, config):
+                super().__init__(config)
+                self.classifier = nn.Linear(8, 3)
+                self.post_init()
+
+            def forward(self, features, labels=None):
+                logits = self.classifier(features)
+                return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+        class Samples(torch.utils.data.Dataset):
+            def __len__(self):
+                return 8
+
+            def __getitem__(self, i):
+                return {"features": torch.zeros(5), "labels": torch.tensor(i % 3)}
+
+
+        def test_train(tmp_path):
+            args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, num_train_epochs=1,
+                                     report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True,
+                                     disable_tqdm=True)
+            Trainer(model=TinyClassifier(TinyConfig()), args=args, train_dataset=Samples(),
+                    callbacks=[TriageCallback()]).train()
+    ''')
+    result = run(pytester, monkeypatch, "--triage")
+    result.assert_outcomes(failed=1)
+    section = sections(result)["test_train"]
+    assert "shape · shape.linear-in-features" in section
+    assert "features Float[4, 5], labels Long[4]" in section  # the batch the callback's hook recorded

@@ -60,6 +60,10 @@ class TriageCallback(TrainerCallback):
 
 
 def _record_inputs(module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
-    """The Trainer calls `model(**inputs)`: those inputs are the batch, held by reference (a dict of our own)."""
+    """The Trainer calls `model(**inputs)`: those inputs are the batch, held by reference (a dict of our own).
+
+    Its index is unknown here: the DataLoader's count (under the runner) runs ahead, as accelerate fetches a
+    batch early to know when an epoch ends."""
     TRACKER.model_call = (args, kwargs)
     TRACKER.batch = dict(kwargs) if kwargs else args
+    TRACKER.batch_index = None
