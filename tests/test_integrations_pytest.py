@@ -4,7 +4,6 @@ import importlib.metadata
 import importlib.util
 import subprocess
 import sys
-import tomllib
 
 import pytest
 
@@ -140,6 +139,7 @@ def test_the_plugin_imports_neither_torch_nor_the_knowledge_base():
 
 
 def test_the_plugin_is_registered_as_a_pytest11_entry_point():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["entry-points"]["pytest11"] == {"triage": "triage.integrations.pytest_plugin"}
     extras = project["optional-dependencies"]
