@@ -77,5 +77,6 @@ class Tracker:
 
 TRACKER = Tracker()
 # Who diagnoses this process's uncaught exceptions: None, "install" (triage.install()) or "runner" (set as
-# the runner's child starts, so that a script calling install() under `python -m triage` is diagnosed once).
+# the runner's child starts, so that a script calling install() under `python -m triage` is diagnosed once),
+# "ipython" (%load_ext triage) or "pytest" (pytest --triage, while a test runs): see triage/integrations/.
 capture_owner: str | None = None
