@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from .. import tracking
@@ -59,7 +60,10 @@ class TriageExtension:
         elif form == "markdown":
             sys.stdout.write(render.to_markdown(self.last_report))
         else:
-            render.to_terminal(self.last_report, sys.stdout)
+            from ..pipeline import print_summary
+
+            folder = self.last_report.artifacts.get("report_md")
+            print_summary(self.last_report, sys.stdout, folder=Path(folder).parent if folder else None)
 
 
 def _is_pytorch_error(exc: BaseException) -> bool:
