@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .capture.secrets import scrub_data, scrub_text
 from .diagnosis import Report
 from .incident import Frame
 from .render import to_markdown
@@ -67,21 +68,25 @@ def write_report(
     texts: dict[str, str] | None = None,
     json_copy: str | None = None,
 ) -> dict[str, str]:
-    """Write report.json, report.md and `texts` (name -> content) into `folder`; returns the artifact paths."""
+    """Write report.json, report.md and `texts` (name -> content) into `folder`; returns the artifact paths.
+
+    Everything was scrubbed when it was captured; what a probe added since (a detail quoting a value)
+    goes through the same scrubber here, the last step before any byte reaches the disk.
+    """
     artifacts = dict(report.artifacts)
     for name, content in (texts or {}).items():
         path = folder / name
-        path.write_text(content, encoding="utf-8", errors="replace")
+        path.write_text(scrub_text(content), encoding="utf-8", errors="replace")
         artifacts[name.rsplit(".", 1)[0]] = str(path)
     md_path = folder / "report.md"
     json_path = folder / "report.json"
     artifacts["report_md"] = str(md_path)
     artifacts["report_json"] = str(json_path)
     report.artifacts = artifacts
-    md_path.write_text(to_markdown(report) + live_state_markdown(report), encoding="utf-8")
-    data = report.to_dict()
+    md_path.write_text(scrub_text(to_markdown(report) + live_state_markdown(report)), encoding="utf-8")
+    data = scrub_data(report.to_dict())
     if run:
-        data["run"] = run
+        data["run"] = scrub_data(run)
     if timings:
         data["timings"] = {name: round(value, 4) for name, value in timings.items()}
     text = json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n"
