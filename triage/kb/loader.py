@@ -10,6 +10,7 @@ from pathlib import Path
 from ..probes import CustomProbe
 from .cache import cached
 from .rule import Problem, Rule, build_rule
+from .safe_regex import SafePattern
 from .yamlpos import MAX_RULE_FILE_BYTES, LocatedList, Position, YamlError, load_located
 
 RULE_SUFFIXES = (".yaml", ".yml")
@@ -152,6 +153,8 @@ def _load_layer(paths: list[Path], origin: str, probes: frozenset[str] | None) -
             kb.problems.extend(problems)
             for rule in rules:
                 rule.origin = origin
+                if origin != "built-in":
+                    _charge_searches_to(rule, rule.path)
                 first = seen.get(rule.id)
                 if first is not None:
                     kb.problems.append(Problem(rule.path, rule.line, 1,
@@ -164,6 +167,13 @@ def _load_layer(paths: list[Path], origin: str, probes: frozenset[str] | None) -
     return kb
 
 
+def _charge_searches_to(rule: Rule, owner: str) -> None:
+    """A team rule's searches draw on its file's time budget (and all team files' budget), see safe_regex."""
+    frame_patterns = [pattern for pattern in rule.frame.values() if isinstance(pattern, SafePattern)]
+    for pattern in [*rule.messages, *rule.not_messages, *rule.logs, *rule.not_logs, *frame_patterns]:
+        pattern.owner = owner
+
+
 def load_layers(layers: list) -> KnowledgeBase:
     """Load the layers of a search path (searchpath.Layer) into the rules in force.
 
@@ -171,8 +181,11 @@ def load_layers(layers: list) -> KnowledgeBase:
     validates in every layer; then each layer's rules replace same-id rules of
     earlier layers (in place, keeping their rank); then disabled ids are removed.
     """
+    from . import safe_regex, templates
     from .searchpath import CONFIG_NAME, read_config
 
+    safe_regex.reset_budgets()  # the rules in force now start with whole time budgets
+    templates.reset_allowance()
     kb = KnowledgeBase()
     configs = {}
     for layer in layers:
