@@ -11,7 +11,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERNAL = 70
-SUBCOMMANDS = ("explain", "rules", "run", "eval")
+SUBCOMMANDS = ("explain", "rules", "run", "eval", "trust", "untrust")
 
 
 class UsageError(Exception):
@@ -59,6 +59,10 @@ def _dispatch(argv: list[str]) -> int:
         from .rules_cli import main as rules_main
 
         return rules_main(argv[1:])
+    if argv[0] in ("trust", "untrust"):
+        from .trust_cli import main as trust_main
+
+        return trust_main(argv)
     if argv[0] == "eval":
         from .evaluate import main as eval_main
 
@@ -76,7 +80,9 @@ usage: triage run [OPTIONS] SCRIPT [ARGS...]     run a script; triage whatever k
        triage explain [FILE|-] [--format text|json|markdown]
                                                  diagnose a pasted error log
        triage rules list|show ID|test [PATH...]|lint [PATH...]|new ID
-       triage eval [DIR]                         score triage against a corpus"""
+       triage eval [DIR]                         score triage against a corpus
+       triage trust [PATH] | --list; triage untrust PATH
+                                                 let a project's triage.yaml run its Python probes"""
 
 
 def _explain(argv: list[str]) -> int:

@@ -2,11 +2,13 @@
 
 Layers, earliest first: the built-in knowledge base, the user's folder
 ($XDG_CONFIG_HOME/triage/rules, default ~/.config/triage/rules), the project's
-.triage/rules found upward from the working directory, each entry of
+.triage/rules (looked for from the script's folder, or the working directory,
+up to the root of its repository and never above it), each entry of
 TRIAGE_RULES (os.pathsep-separated), then each --rules option. A rule replaces
 an earlier rule with the same id. A rules folder may hold a `triage.yaml`
 that disables rules by id and registers custom probes by "module:function";
-no code is imported to read it.
+no code is imported to read it, and a probe it registers is imported only
+once the user trusts that file (see kb/trust.py).
 """
 
 from __future__ import annotations
@@ -66,9 +68,17 @@ def user_rules_dir(env: Mapping[str, str] | None = None) -> Path:
 
 
 def find_project_rules(cwd: Path | None = None) -> Path | None:
-    """The nearest .triage/rules folder in the working directory or one of its parents."""
+    """The nearest .triage/rules from `cwd` (the script's folder, or the working directory) up to its repository root.
+
+    Outside a repository only `cwd` itself is looked at: a folder above it (/tmp on a shared
+    machine, a home folder) is not the project.
+    """
+    from .trust import project_root
+
     start = (cwd or Path.cwd()).resolve()
-    for folder in (start, *start.parents):
+    root = project_root(start)
+    folders = [start] if root is None else [start, *start.parents[: len(start.parts) - len(root.parts)]]
+    for folder in folders:
         candidate = folder / PROJECT_RULES
         if candidate.is_dir():
             return candidate
@@ -80,8 +90,12 @@ def search_path(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
     builtin: bool = True,
+    project: Path | None = None,
 ) -> list[Layer]:
-    """Every layer in force, earliest first; a folder that appears twice is kept at its first place."""
+    """Every layer in force, earliest first; a folder that appears twice is kept at its first place.
+
+    `project` is where the project's rules are looked for (the script's folder); default `cwd`.
+    """
     from .loader import builtin_rules_dir
 
     env = os.environ if env is None else env
@@ -89,9 +103,9 @@ def search_path(
     user = user_rules_dir(env)
     if user.is_dir():
         layers.append(Layer("user", user))
-    project = find_project_rules(cwd)
-    if project is not None:
-        layers.append(Layer("project", project))
+    project_rules = find_project_rules(project or cwd)
+    if project_rules is not None:
+        layers.append(Layer("project", project_rules))
     base = (cwd or Path.cwd())
     for entry in env.get(ENV_VAR, "").split(os.pathsep):
         if entry.strip():
@@ -145,7 +159,7 @@ def read_config(folder: Path, display: str) -> LayerConfig | None:
                     f"did you mean '{close[0]}'?" if close else f"allowed keys: {', '.join(CONFIG_KEYS)}")
     _read_disable(data, problem, config)
     python_path = _read_python_path(data, folder, problem)
-    _read_probes(data, python_path, display, problem, config)
+    _read_probes(data, python_path, display, problem, config, folder)
     return config
 
 
@@ -191,7 +205,8 @@ def _read_python_path(data: LocatedDict, folder: Path, problem) -> tuple[str, ..
     return tuple(folders)
 
 
-def _read_probes(data: LocatedDict, python_path: tuple[str, ...], display: str, problem, config: LayerConfig) -> None:
+def _read_probes(data: LocatedDict, python_path: tuple[str, ...], display: str, problem, config: LayerConfig,
+                 folder: Path) -> None:
     value = data.get("probes")
     if value is None:
         return
@@ -208,4 +223,5 @@ def _read_probes(data: LocatedDict, python_path: tuple[str, ...], display: str, 
             problem(value_pos, f"probe '{name}' must name \"module:function\", got {target!r}",
                     "e.g. team_probes.fused_ln:check_build")
         else:
-            config.probes[name] = CustomProbe(name, target, f"{display}:{key_pos.line}", python_path)
+            config.probes[name] = CustomProbe(name, target, f"{display}:{key_pos.line}", python_path,
+                                              config=os.path.realpath(folder / CONFIG_NAME))

@@ -33,8 +33,9 @@ def known_probes() -> frozenset[str]:
 
 
 # Custom probes: teams opt in explicitly, either by installing a package that declares the
-# entry-point group below, or by naming "module:function" in a rules folder's triage.yaml.
-# Nothing here imports a probe's module; `load_probe` does, when the probe runs.
+# entry-point group below, or by naming "module:function" in a rules folder's triage.yaml that
+# the user trusted (`triage trust`). Nothing here imports a probe's module; `load_probe` does,
+# when the probe runs, and only after checking that trust.
 ENTRY_POINT_GROUP = "triage.probes"
 
 
@@ -46,6 +47,7 @@ class CustomProbe:
     target: str
     origin: str
     python_path: tuple[str, ...] = ()  # folders to put on sys.path before importing the module
+    config: str | None = None  # the triage.yaml that registered it, which must be trusted; None for an entry point
 
 
 class ProbeLoadError(Exception):
@@ -104,6 +106,12 @@ def load_probe(name: str) -> Callable[..., Any]:
         raise ProbeLoadError(f"unknown probe '{name}'")
     module_name, _, function_name = target.partition(":")
     custom = custom_probes().get(name) if name not in PROBES else None
+    if custom is not None and custom.config is not None:
+        from ..kb.trust import is_trusted
+
+        if not is_trusted(custom.config):  # checked now, against the file as it is now
+            raise ProbeLoadError(f"probe '{name}' is registered by {custom.config}, which is not trusted to run Python; "
+                                 f"run `triage trust {custom.config}` if you trust it")
     for folder in custom.python_path if custom else ():
         if folder not in sys.path:
             sys.path.insert(0, folder)
