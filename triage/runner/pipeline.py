@@ -139,12 +139,35 @@ class Reporter:
             stream.flush()
         except (OSError, ValueError):
             pass
+        import io
+
+        from ..capture.secrets import scrub_text
+
+        # Rendered aside and scrubbed like the report folder: a hang's or crash's stack lines are read from source.
+        color = _isatty(stream) and "NO_COLOR" not in os.environ
+        width = _columns(stream) if color else None
+        text = io.StringIO()
+        to_terminal(report, text, color=color, width=width)
         stream.write("\n")
         if lead_in:
-            stream.write(lead_in.rstrip("\n") + "\n")
-        to_terminal(report, stream)
+            stream.write(scrub_text(lead_in.rstrip("\n")) + "\n")
+        stream.write(scrub_text(text.getvalue()))
         stream.write(f"triage: report written to {shown_path(folder / 'report.md')}\n")
         stream.flush()
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _columns(stream: IO[str]) -> int | None:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 _CAPTURED_FOR_PROBES = ("model", "module", "optimizer", "loader", "loss_fn", "batch", "batch_index", "step")
