@@ -19,8 +19,8 @@ from typing import Any
 import regex
 
 SEARCH_TIMEOUT_S = 0.2
-FILE_BUDGET_S = 1.0  # CPU seconds for every search of one team rule file together
-TEAM_BUDGET_S = 3.0  # CPU seconds for every search of every team rule file together
+FILE_BUDGET_S = 0.5  # CPU seconds for every search of one team rule file together
+TEAM_BUDGET_S = 1.5  # CPU seconds for every search of every team rule file together
 TEAM = "all team rule files"
 # Inline flags aside, patterns are multi-line: `^`/`$` anchor lines of a message.
 FLAGS = regex.MULTILINE | regex.VERSION0

@@ -49,8 +49,8 @@ MAX_EXPONENT = 64
 MAX_WIDTH = 10_000  # padding, wrapping and format widths
 # Refused renders together may cost this much CPU time per process; after that each render gets the allowance.
 REFUSED_TOTAL_S = 1.0
-ALLOWANCE_S = 0.01
-ALLOWANCE_STEPS = 5_000
+ALLOWANCE_S = 0.002
+ALLOWANCE_STEPS = 1_000
 _CHECK_TIME_EVERY = 64
 _UNSAFE_ATTRIBUTES = (
     UNSAFE_GENERATOR_ATTRIBUTES | UNSAFE_COROUTINE_ATTRIBUTES | UNSAFE_ASYNC_GENERATOR_ATTRIBUTES
