@@ -212,14 +212,14 @@ def _bounded_filter(name: str, function: Any) -> Any:
     @functools.wraps(function)
     def bounded(*args: Any, **kwargs: Any) -> Any:
         _step()
-        # Filters get (value, *args), or (context/eval_ctx, value, *args) when pass_context-style.
-        if name in _AMPLIFIERS:
-            args = tuple(arg if _is_jinja_context(arg) else _materialized(arg) for arg in args)
+        # Filters get (value, *args), or (context/eval_ctx, value, *args) when pass_context-style. A lazy
+        # argument (map, select) is drawn here, item by item on the budget, not inside the filter.
+        args = tuple(arg if _is_jinja_context(arg) else _materialized(arg) for arg in args)
         plain = [arg for arg in args if not _is_jinja_context(arg)]
         if name in _AMPLIFIERS and plain:
             _refuse_size(_estimate(name, plain[0], tuple(plain[1:]), kwargs), f"filter '{name}'")
         result = function(*args, **kwargs)
-        _refuse_size(_size(result), f"filter '{name}'")
+        _refuse_size(_chars(result) if isinstance(result, (str, list, tuple)) else _size(result), f"filter '{name}'")
         return result
 
     return bounded
@@ -239,9 +239,8 @@ def _bounded_iter(iterable: Any) -> Any:
 def _bounded_concat(parts: list) -> str:
     """`a ~ b ~ c`: refused before building a string over the limit."""
     _step()
-    texts = [str(part) for part in parts]
-    _refuse_size(sum(len(text) for text in texts), "'~'")
-    return "".join(texts)
+    _refuse_size(sum(_chars(part) for part in parts), "'~'")
+    return "".join(str(part) for part in parts)
 
 
 class _BudgetInserter(NodeTransformer):
@@ -279,7 +278,7 @@ class _RuleSandbox(ImmutableSandboxedEnvironment):
                 raise SecurityError(f"exponent over {MAX_EXPONENT} refused")
             return left**right
         if operator == "+":
-            _refuse_size(_size(left) + _size(right), "'+'")
+            _refuse_size(_chars(left) + _chars(right), "'+'")
         if operator == "%" and isinstance(left, str):
             _refuse_size(_estimate("__mod__", left, right if isinstance(right, tuple) else (right,), {}), "'%'")
         return super().call_binop(context, operator, left, right)
@@ -289,11 +288,11 @@ class _RuleSandbox(ImmutableSandboxedEnvironment):
         name = getattr(__obj, "__name__", "")
         # The sandbox hands out str.format wrapped (functools.wraps): the string is on the wrapped method.
         subject = getattr(__obj, "__self__", None) or getattr(getattr(__obj, "__wrapped__", None), "__self__", None)
+        args = tuple(_materialized(arg) for arg in args)
         if name in _AMPLIFIERS and subject is not None:
-            args = tuple(_materialized(arg) for arg in args)
             _refuse_size(_estimate(name, subject, args, kwargs), f"'{name}()'")
         result = super().call(__context, __obj, *args, **kwargs)
-        _refuse_size(_size(result), f"'{name or 'call'}()'")
+        _refuse_size(_chars(result) if isinstance(result, (str, list, tuple)) else _size(result), f"'{name or 'call'}()'")
         return result
 
 
