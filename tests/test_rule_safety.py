@@ -86,7 +86,14 @@ from pathlib import Path  # noqa: E402
 
 from triage.kb import diagnose, load_knowledge_base, templates  # noqa: E402
 from triage.kb.rule import Rule  # noqa: E402
-from triage.kb.safe_regex import SEARCH_TIMEOUT_S, PatternTimeout, compile_pattern, worst_case  # noqa: E402
+from triage.kb.safe_regex import (  # noqa: E402
+    FILE_BUDGET_S,
+    SEARCH_TIMEOUT_S,
+    PatternTimeout,
+    compile_pattern,
+    nested_quantifiers,
+    worst_case,
+)
 from triage.logparse import parse_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -147,7 +154,29 @@ def test_a_rule_that_slipped_past_validation_is_refused_at_run_time():
                         "access to attribute '__class__' of 'str' object is unsafe."]
 
 
-@pytest.mark.parametrize("template", ["{{ 'x' * 1000000000 }}", "{{ 10 ** 100000000 }}", "{{ numel * 100000000 }}"])
+BOMBS = [
+    "{{ 'x' * 1000000000 }}",
+    "{{ 10 ** 100000000 }}",
+    "{{ numel * 100000000 }}",
+    # silent nested loops: no output, so a budget checked between output chunks never runs
+    "{% for i in 'x'*9999 %}{% for j in 'x'*9999 %}{% for k in 'x'*9999 %}{% endfor %}{% endfor %}{% endfor %}",
+    "{{ ('x'*9999)|join('y'*9999) }}",  # 100 MB, and a join of that joined again is 4 GB
+    "{{ ('y'*9999).join(('x'*9999)|map('upper')) }}",
+    "{{ ('x'*9999)|map('center', 9999)|join }}",
+    "{{ 'x'.center(999999999) }}",
+    "{{ 'x'|center(999999999) }}",
+    "{{ '{:999999999}'.format(1) }}",
+    "{{ '{:{}}'.format(1, 10**9) }}",
+    "{{ '%999999999d' % 1 }}",
+    "{% set a = 'x'*9999 %}{% set b = a~a %}{% set c = b~b %}{% set d = c~c %}{% set e = d~d %}{{ e~e }}",
+    "{% set a = 'x'*9999 %}{% set b = a+a %}{% set c = b+b %}{% set d = c+c %}{% set e = d+d %}{{ e+e }}",
+    "{{ ('x'*9999).replace('x', 'y'*9999) }}",
+    "{{ [1]|batch(999999999, 'x')|list }}",
+    "{{ ('x\t'*5000).expandtabs(9999) }}",
+]
+
+
+@pytest.mark.parametrize("template", BOMBS)
 def test_templates_cannot_exhaust_memory_or_time(template):
     started = time.monotonic()
     with pytest.raises(templates.TemplateRefused):
@@ -235,6 +264,89 @@ def test_explain_with_a_catastrophic_team_regex_costs_at_most_its_time_limit(tmp
     assert with_slow - without < 10 * SEARCH_TIMEOUT_S + 1.0, (with_slow, without)
 
 
+def _hostile_rules(count: int = 200) -> str:
+    """Rules that all match the crash below: catastrophic patterns, and templates that loop or allocate."""
+    template_rule = textwrap.dedent("""\
+        - id: team.bomb{n}
+          category: shape
+          title: "{{% for i in 'x'*9999 %}}{{% for j in 'x'*9999 %}}{{% for k in 'x'*9999 %}}{{% endfor %}}{{% endfor %}}{{% endfor %}}"
+          match:
+            exception: RuntimeError
+            message: 'a!'
+          hypothesis: "{{{{ (('x'*9999)|join('y'*9999))|join('z'*9999) }}}}"
+          fix: "{{{{ ('y'*9999).join(('x'*9999)|map('center', 9999)) }}}}"
+          examples:
+            match: ['RuntimeError: aaa!']
+            no_match: ['ValueError: x']
+        """)
+    return "".join(template_rule.format(n=n) + CATASTROPHIC_RULE.replace("team.slow", f"team.slow{n}") for n in range(count))
+
+
+def test_a_hostile_rule_file_cannot_hold_explain_past_ten_seconds(tmp_path):
+    import resource
+
+    log = tmp_path / "crash.log"
+    log.write_text("Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    step()\n"
+                   "RuntimeError: " + "a" * 20_000 + "!\n")
+    project = tmp_path / "project"
+    (project / ".git").mkdir(parents=True)
+    (project / ".triage" / "rules").mkdir(parents=True)
+    (tmp_path / "none.yaml").write_text("[]\n")
+    given = tmp_path / "given.yaml"
+    given.write_text(_hostile_rules().replace("team.", "given."))
+
+    def timed(*extra: str) -> tuple[float, float, subprocess.CompletedProcess]:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "triage", "explain", str(log), *extra], cwd=project,
+                              env={**_env(tmp_path), "TRIAGE_NO_CACHE": "1"}, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        wall = time.monotonic() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        assert done.returncode == 0, done.stderr
+        return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), done
+
+    plain_wall, plain_cpu, _ = timed("--rules", str(tmp_path / "none.yaml"))
+    (project / ".triage" / "rules" / "hostile.yaml").write_text(_hostile_rules())
+    wall, cpu, done = timed("--rules", str(given))
+    assert "regex budget and are disabled" in done.stdout
+    # The budgets bound CPU time. On a machine shared with other work, wall time stretches by the
+    # same factor as a plain explain's, measured just before.
+    slowdown = max(1.0, plain_wall / max(plain_cpu, 0.01))
+    assert cpu < 10, cpu
+    assert wall < 10 * slowdown, (wall, slowdown)
+
+
+def test_loading_team_rules_has_one_time_budget(tmp_path):
+    from triage.kb.loader import LOAD_BUDGET_S
+
+    rule = CATASTROPHIC_RULE.replace("(a+)+$", "a+!$").replace("hypothesis: h", "hypothesis: '{{ exception.message }}'")
+    path = tmp_path / "many.yaml"
+    path.write_text("".join(rule.replace("team.slow", f"team.many{n}") for n in range(4000)))
+    assert path.stat().st_size < 2 << 20  # under the size limit: only time stops it
+    started = time.thread_time()
+    kb = load_knowledge_base([path], env={}, cwd=tmp_path)  # a partial layer is never cached
+    assert time.thread_time() - started < LOAD_BUDGET_S + 1.5
+    stopped = [p for p in kb.problems if "not loaded from here on" in p.message]
+    assert len(stopped) == 1 and stopped[0].path.endswith("many.yaml") and stopped[0].line > 1
+    loaded = [r for r in kb.rules if r.id.startswith("team.many")]
+    assert 0 < len(loaded) < 4000 and kb.get("shape.view-invalid") is not None
+
+
+def test_a_file_of_hostile_templates_costs_little_more_than_one(tmp_path):
+    path = tmp_path / "bombs.yaml"
+    path.write_text(_hostile_rules().replace("team.slow", "team.fast").replace("(a+)+$", "a+!$"))
+    kb = load_knowledge_base([path], env={}, cwd=tmp_path)
+    incident = parse_text("RuntimeError: " + "a" * 20_000 + "!\n")
+    warnings: list[str] = []
+    started = time.thread_time()
+    found = diagnose(incident, kb, warnings)
+    spent = time.thread_time() - started
+    refused = [warning for warning in warnings if "template refused by the sandbox" in warning]
+    assert len(refused) == 200 and not [d for d in found if d.rule.startswith("team.bomb")]
+    assert spent < templates.REFUSED_TOTAL_S + 200 * templates.ALLOWANCE_S + 1.0, spent
+
+
 def test_lint_reports_a_catastrophic_regex_at_its_line(tmp_path):
     rules = tmp_path / "rules"
     rules.mkdir()
@@ -243,8 +355,42 @@ def test_lint_reports_a_catastrophic_regex_at_its_line(tmp_path):
                           env=_env(tmp_path), capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 1
     first = done.stdout.splitlines()[0]
-    assert first.startswith("rules/slow.yaml:6:14: regex in 'message' backtracks catastrophically: on 3000 x 'a'")
+    assert first.startswith("rules/slow.yaml:6:14: regex in 'message' can backtrack catastrophically: it has a group "
+                            "that repeats a repetition, such as (a+)+")
     assert "help: avoid nested or overlapping repetition" in done.stdout
+
+
+@pytest.mark.parametrize("source", [r"(a+)+$", r"(x+x+)+y", r"(\w+\s?)+$", r"fused_ln: (a|aa)+$", r"\s*(\d+,?\s*)+"])
+def test_nested_quantifiers_are_found_without_running_the_pattern(source):
+    assert nested_quantifiers(source) is not None
+
+
+@pytest.mark.parametrize("source", [r"(?:\w+\.)+\w+", r"(ab|cd)+", r"(foo|foobar)+x", r"(?:CUDA|HIP) error: (?P<what>.*)$",
+                                    r"mat1 and mat2 shapes cannot be multiplied \((?P<rows>\d+)x(?P<got>\d+)"])
+def test_ordinary_repetition_is_not_flagged(source):
+    assert nested_quantifiers(source) is None
+
+
+def test_the_built_in_knowledge_base_has_no_nested_quantifiers():
+    kb = load_knowledge_base(env={}, cwd=REPO)
+    flagged = [(rule.id, pattern.source) for rule in kb.rules
+               for pattern in [*rule.messages, *rule.not_messages, *rule.logs, *rule.not_logs]
+               if nested_quantifiers(pattern.source)]  # fmt: skip
+    assert flagged == []
+
+
+def test_a_file_of_catastrophic_patterns_spends_one_budget_not_one_limit_each(tmp_path):
+    path = tmp_path / "slow.yaml"
+    path.write_text("".join(CATASTROPHIC_RULE.replace("team.slow", f"team.slow{n}") for n in range(200)))
+    kb = load_knowledge_base([path], env={}, cwd=tmp_path)
+    assert len([rule for rule in kb.rules if rule.id.startswith("team.slow")]) == 200
+    incident = parse_text("RuntimeError: " + "a" * 20_000 + "!\n")
+    warnings: list[str] = []
+    started = time.monotonic()
+    diagnose(incident, kb, warnings)
+    assert time.monotonic() - started < FILE_BUDGET_S + 2 * SEARCH_TIMEOUT_S + 1.0
+    assert any(f"the patterns spent their {FILE_BUDGET_S:g}s regex budget and are disabled" in w for w in warnings)
+    assert len(warnings) <= FILE_BUDGET_S / SEARCH_TIMEOUT_S + 2  # a few timeouts, then one line for the file
 
 
 # --- a broken team rule never takes explain down ---------------------------------------------------

@@ -395,6 +395,8 @@ def test_a_probe_that_kills_the_process_does_not_change_the_exit_status(tmp_path
     script = write(tmp_path, "step.py", "raise ValueError('flaky step')\n")
     expected = plain(script, cwd=tmp_path)
     env = {k: v for k, v in _env().items() if k != "TRIAGE_DEBUG"}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+    assert triage("trust", "rules", cwd=tmp_path, env=env).returncode == 0  # the probe is Python: it runs once trusted
     result = triage("--rules", "rules", "step.py", cwd=tmp_path, env=env)
     assert result.returncode == expected.returncode == 1
     assert result.stderr.startswith(expected.stderr)

@@ -102,6 +102,7 @@ def project(tmp_path) -> Path:
     root = tmp_path / "project"
     rules = root / ".triage" / "rules"
     rules.mkdir(parents=True)
+    (root / ".git").mkdir()  # the project's rules are looked for up to its repository root
     (rules / "flash_attn.yaml").write_text(FLASH_ATTN_RULE)
     (rules / "overrides.yaml").write_text(VIEW_OVERRIDE)
     (rules / "triage.yaml").write_text(CONFIG)
@@ -477,7 +478,8 @@ def test_new_refuses_a_bad_id(tmp_path, env):
 PROBE_RULE = FLASH_ATTN_RULE.replace("  examples:", "  probes: [flash_attn_dtypes]\n  examples:")
 
 
-def test_a_probe_named_in_triage_yaml_validates_and_loads_only_when_run(tmp_path, env):
+def test_a_probe_named_in_triage_yaml_validates_and_loads_only_when_run(tmp_path, env, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", env["XDG_CONFIG_HOME"])
     rules = tmp_path / "rules"
     tools = tmp_path / "tools"
     rules.mkdir()
@@ -500,6 +502,13 @@ def test_a_probe_named_in_triage_yaml_validates_and_loads_only_when_run(tmp_path
 
     assert "flash_attn_dtypes" in known_probes()
     assert probe_target("flash_attn_dtypes") == "team_probes_dtypes:check"
+    from triage.kb.trust import trust
+    from triage.probes import ProbeLoadError
+
+    with pytest.raises(ProbeLoadError, match="not trusted"):  # until the user trusts the triage.yaml
+        load_probe("flash_attn_dtypes")
+    assert "team_probes_dtypes" not in sys.modules
+    trust(rules / "triage.yaml")
     assert load_probe("flash_attn_dtypes")(None) == "ran"
 
 

@@ -17,7 +17,7 @@ from .cli_common import (  # noqa: F401 (UsageError and the statuses are re-expo
     add_version,
 )
 
-SUBCOMMANDS = ("explain", "rules", "run", "eval")
+SUBCOMMANDS = ("explain", "rules", "run", "eval", "trust", "untrust")
 FORMATS = ("text", "json", "markdown")
 COMMANDS_HELP = """\
 Commands:
@@ -25,6 +25,7 @@ Commands:
   explain   diagnose a pasted error log without running anything
   rules     list, show, test, lint and scaffold knowledge-base rules
   eval      score triage against a corpus of failing logs and scripts
+  trust     let a project's triage.yaml run its Python probes (untrust takes it back)
 `triage COMMAND --help` describes each command."""
 
 
@@ -61,6 +62,10 @@ def _dispatch(argv: list[str]) -> int:
         from .rules_cli import main as rules_main
 
         return rules_main(rest)
+    if command in ("trust", "untrust"):
+        from .trust_cli import main as trust_main
+
+        return trust_main(argv)
     if command == "eval":
         from .evaluate import main as eval_main
 
@@ -90,7 +95,8 @@ def top_level_help(prog: str = "triage") -> str:
         "       triage run [OPTIONS] SCRIPT [ARGS...]\n"
         "       triage explain [FILE|-] [--format text|json|markdown] [--json FILE|-]\n"
         "       triage rules list|show ID|test [PATH...]|lint [PATH...]|new ID\n"
-        "       triage eval [DIR]"
+        "       triage eval [DIR]\n"
+        "       triage trust [PATH] | --list;  triage untrust PATH"
     )
     parser.description = f"{COMMANDS_HELP}\n\n{parser.description}"
     return parser.format_help()

@@ -50,6 +50,17 @@ class Diagnosis:
     exception_index: int | None = None
     rule_location: str = ""
     specificity: int = 0
+    # Where the rule came from: built-in, user, project, TRIAGE_RULES or --rules (searchpath.ORIGINS).
+    origin: str = "built-in"
+    overrides: str = ""  # "ORIGIN FILE:LINE" of the rule this one replaced (same id, earlier layer), if any
+
+    @property
+    def provenance(self) -> str:
+        """'' for a built-in rule; else where it comes from, and what it replaced: 'project rule, overrides built-in ...'."""
+        if self.origin == "built-in" and not self.overrides:
+            return ""
+        text = f"{self.origin} rule"
+        return text + (f", overrides {self.overrides}" if self.overrides else "")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,6 +76,8 @@ class Diagnosis:
             "probes": [p.to_dict() for p in self.probes],
             "values": {k: v for k, v in self.values.items() if isinstance(v, (str, int, float, bool))},
             "rule_location": self.rule_location,
+            "origin": self.origin,
+            "overrides": self.overrides or None,
         }
 
 

@@ -159,6 +159,7 @@ def print_summary(report: Report, stream: IO[str], *, folder: Path | None = None
         stream.flush()
     except (OSError, ValueError):
         pass
+    stream = _Scrubbing(stream)
     stream.write("\n")
     if lead_in:
         stream.write(lead_in.rstrip("\n") + "\n")
@@ -166,3 +167,19 @@ def print_summary(report: Report, stream: IO[str], *, folder: Path | None = None
     if folder is not None and (folder / "report.md").is_file():
         stream.write(f"triage: report written to {shown_path(folder / 'report.md')}\n")
     stream.flush()
+
+
+class _Scrubbing:
+    """A text stream that scrubs secrets from all it is given: the summary quotes source lines and probe
+    details, read after the capture scrubbed its own data. Everything else (isatty, fileno) is the stream's."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        from .capture.secrets import scrub_text
+
+        return self._stream.write(scrub_text(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)

@@ -1,6 +1,9 @@
-"""The built-in probes by name: a leaf that rule validation and the probe runner both read, importing no probe."""
+"""Probes by name, built-in and custom: a leaf that rule validation and the probe runner both read, importing no probe."""
 
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
 
 # name -> "module:function"; each implementation takes a ProbeContext and returns a ProbeResult.
 PROBES: dict[str, str] = {
@@ -14,3 +17,71 @@ PROBES: dict[str, str] = {
     "workers0_rerun": "triage.probes.workers0_rerun:workers0_rerun",
     "memory_breakdown": "triage.probes.memory_breakdown:memory_breakdown",
 }
+
+
+def known_probes() -> frozenset[str]:
+    """Names a rule may list under `probes:`: built-in, installed through entry points, or registered."""
+    return frozenset(PROBES) | frozenset(custom_probes())
+
+
+# Custom probes: teams opt in explicitly, either by installing a package that declares the
+# entry-point group below, or by naming "module:function" in a rules folder's triage.yaml that
+# the user trusted (`triage trust`). Nothing here imports a probe's module; `load_probe` does,
+# when the probe runs, and only after checking that trust.
+ENTRY_POINT_GROUP = "triage.probes"
+
+
+@dataclass(frozen=True)
+class CustomProbe:
+    """A probe a team registered: its name, "module:function", and where it was registered."""
+
+    name: str
+    target: str
+    origin: str
+    python_path: tuple[str, ...] = ()  # folders to put on sys.path before importing the module
+    config: str | None = None  # the triage.yaml that registered it, which must be trusted; None for an entry point
+
+
+_registered: dict[str, CustomProbe] = {}
+
+
+@functools.lru_cache(maxsize=1)
+def entry_point_probes() -> dict[str, CustomProbe]:
+    """Probes installed packages declare under the `triage.probes` entry-point group (metadata only)."""
+    from importlib.metadata import entry_points
+
+    found: dict[str, CustomProbe] = {}
+    try:
+        points = entry_points(group=ENTRY_POINT_GROUP)
+    except Exception:  # a broken distribution's metadata must not break triage
+        return found
+    for point in points:
+        dist = getattr(getattr(point, "dist", None), "name", None) or "an installed package"
+        if point.name not in PROBES:
+            found[point.name] = CustomProbe(point.name, point.value, f"entry point of {dist}")
+    return found
+
+
+def register_probe(probe: CustomProbe) -> None:
+    """Make a team probe known by name for this process (the loader calls this for triage.yaml probes)."""
+    if probe.name in PROBES:
+        raise ValueError(f"probe name '{probe.name}' is built in; give the custom probe another name")
+    _registered[probe.name] = probe
+
+
+def registered_probes() -> dict[str, CustomProbe]:
+    """Probes registered by rules folders in this process (not the installed entry points)."""
+    return dict(_registered)
+
+
+def custom_probes() -> dict[str, CustomProbe]:
+    """Every custom probe known now: installed entry points, then probes registered by rules folders."""
+    return {**entry_point_probes(), **_registered}
+
+
+def probe_target(name: str) -> str | None:
+    """The "module:function" that implements a probe, built-in or custom; None for an unknown name."""
+    if name in PROBES:
+        return PROBES[name]
+    custom = custom_probes().get(name)
+    return custom.target if custom else None

@@ -92,7 +92,8 @@ def to_markdown(report: Report) -> str:
         heading = "##" if rank == 1 else "###"
         lines.append(f"{heading} {rank}. {diagnosis.title}")
         lines.append("")
-        lines.append(f"{code_span(diagnosis.rule)} · {diagnosis.category} · confidence {diagnosis.confidence:.0%}")
+        provenance = f" · {diagnosis.provenance}" if diagnosis.provenance else ""
+        lines.append(f"{code_span(diagnosis.rule)} · {diagnosis.category} · confidence {diagnosis.confidence:.0%}{provenance}")
         lines.append("")
         lines.append(f"**Hypothesis.** {diagnosis.hypothesis}")
         lines.append("")
@@ -136,7 +137,9 @@ def terminal_lines(report: Report) -> list[Line]:
         if others:
             lines += [[("", "")], [("Other possibilities", "bold")]]
             for number, diagnosis in enumerate(others, start=2):
-                lines.append([(f"  {number}. {diagnosis.title}  ", ""), (f"{diagnosis.rule} · {diagnosis.confidence:.0%}", "dim")])
+                provenance = f" · {diagnosis.provenance}" if diagnosis.provenance else ""
+                lines.append([(f"  {number}. {diagnosis.title}  ", ""),
+                              (f"{diagnosis.rule} · {diagnosis.confidence:.0%}{provenance}", "dim")])
     for note in report.incident.notes + report.warnings:
         lines.append([(f"note: {note}", "dim")])
     return lines
@@ -165,6 +168,8 @@ def _diagnosis_lines(diagnosis: Diagnosis, rerun: dict[str, str | None] | None) 
     lines: list[Line] = [[("", "")]]
     lines.append([("● ", "bold red"), (diagnosis.title, "bold"),
                   (f"  {diagnosis.category} · {diagnosis.rule} · {diagnosis.confidence:.0%}", "dim")])
+    if diagnosis.provenance:
+        lines.append([(f"  from a {diagnosis.provenance}: {diagnosis.rule_location}", "dim")])
     lines.append([(f"  {diagnosis.hypothesis}", "")])
     if diagnosis.evidence:
         lines += [[("", "")], [("  Evidence", "bold")]]

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .capture.secrets import scrub_data, scrub_text
 from .diagnosis import Report
 from .incident import Frame
 from .render import to_markdown
@@ -94,7 +95,7 @@ class ReportWriter:
         """Write report.json and report.md (and, the first time, the texts); returns the artifact paths."""
         for name, content in self._texts.items():
             path = self.folder / name
-            path.write_text(content, encoding="utf-8", errors="replace")
+            path.write_text(scrub_text(content), encoding="utf-8", errors="replace")
             self._text_paths[name.rsplit(".", 1)[0]] = str(path)
         self._texts.clear()
         md_path = self.folder / "report.md"
@@ -104,11 +105,13 @@ class ReportWriter:
         artifacts["report_json"] = str(json_path)
         report.artifacts = artifacts
         note = "" if complete else INCOMPLETE_NOTE
-        _replace(md_path, to_markdown(report) + note + live_state_markdown(report))
-        data = report.to_dict()
+        # Everything was scrubbed when it was captured; what a probe added since (a detail quoting a value)
+        # goes through the same scrubber here, the last step before any byte reaches the disk.
+        _replace(md_path, scrub_text(to_markdown(report) + note + live_state_markdown(report)))
+        data = scrub_data(report.to_dict())
         data["complete"] = complete
         if self.run:
-            data["run"] = self.run
+            data["run"] = scrub_data(self.run)
         if timings:
             data["timings"] = {name: round(value, 4) for name, value in timings.items()}
         text = json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n"

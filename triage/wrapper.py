@@ -102,9 +102,10 @@ def _rerun_commands(report_dir: Path | None) -> dict[str, str | None] | None:
 
 def incident_from_exception(exc: BaseException) -> Any:
     """An Incident for a live exception: its printed traceback, read like a pasted one (workers unwrapped)."""
+    from .capture.secrets import scrub_text
     from .logparse import parse_text
 
-    incident = parse_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    incident = parse_text(scrub_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__))))
     incident.source = "run"
     return incident
 

@@ -19,11 +19,12 @@ from contextlib import contextmanager
 from itertools import islice
 from typing import Any
 
-from .secrets import SCRUBBED, is_secret_name, scrub_text
+from .secrets import SCRUBBED, is_secret_name, scrub_strings, scrub_text
 
 MAX_STRING = 120
 MAX_ITEMS = 8
 MAX_DEPTH = 2
+MAX_SCRUBBED_STRING = 4096  # of a string local, this much is scrubbed; far more than a summary shows
 MAX_STATS_ELEMENTS = 65_536
 MAX_OUTLIERS = 8
 MAX_MODULE_ENTRIES = 20_000  # parameters and buffers walked per model
@@ -42,7 +43,8 @@ def _summarize(value: Any, depth: int, cuda_usable: bool) -> dict[str, Any]:
     if value is None or isinstance(value, (bool, int, float, complex)):
         return {"type": type(value).__name__, "text": _clip(repr(value))}
     if isinstance(value, str):
-        return {"type": "str", "text": _clip(repr(value[: MAX_STRING + 1])), "len": len(value)}
+        # Scrubbed before clipping: a token cut in half no longer looks like one.
+        return {"type": "str", "text": _clip(repr(scrub_text(value[:MAX_SCRUBBED_STRING])[: MAX_STRING + 1])), "len": len(value)}
     if isinstance(value, (bytes, bytearray)):
         return {"type": type(value).__name__, "text": f"<{len(value)} bytes>", "len": len(value)}
     torch = sys.modules.get("torch")
@@ -94,6 +96,8 @@ def _summarize_sequence(value, depth: int, cuda_usable: bool) -> dict[str, Any]:
         out["text"] = f"{_type_name(value)} of {len(value)} items"
         return out
     head = list(islice(value, MAX_ITEMS))
+    if head and all(isinstance(item, str) for item in head):
+        head = scrub_strings(head)  # a copied argv, ("api_key", "...") pairs: a value follows its name
     items = [summarize(item, depth=depth + 1, cuda_usable=cuda_usable) for item in head]
     out["items"] = items
     more = f", … {len(value) - MAX_ITEMS} more" if len(value) > MAX_ITEMS else ""
@@ -349,7 +353,7 @@ def safe_repr(value: Any, limit: int = MAX_STRING) -> str:
     text = _guarded(lambda: repr(value))
     if not isinstance(text, str):
         text = f"<{_type_name(value)} object>" if text is _TIMED_OUT else f"<{_type_name(value)}: repr() failed>"
-    return _clip(scrub_text(text), limit)
+    return _clip(scrub_text(text[:MAX_SCRUBBED_STRING]), limit)
 
 
 _TIMED_OUT = object()

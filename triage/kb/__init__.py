@@ -21,22 +21,25 @@ def load_knowledge_base(
     env: Mapping[str, str] | None = None,
     *,
     builtin: bool = True,
+    project: Path | None = None,
 ) -> KnowledgeBase:
     """The rules in force for a command run in `cwd`: the one loader explain and the runner share.
 
     Layers, earliest first: built-in, the user's folder, the project's .triage/rules
-    (found upward from `cwd`), TRIAGE_RULES, then `extra` (the --rules options).
+    (looked for from `project`, the script's folder, or else `cwd`, up to the repository
+    root), TRIAGE_RULES, then `extra` (the --rules options).
     A later rule with the same id replaces an earlier one; triage.yaml files disable
     rules and register custom probes, which are then known to this process by name.
     Never raises for a bad rule file: its problems are in `kb.problems`.
     """
     import os
 
-    from ..probes import register_probe
+    from ..probe_registry import register_probe
     from .searchpath import search_path
 
     try:
-        kb = load_layers(search_path([Path(p) for p in extra or ()], cwd=cwd, env=env, builtin=builtin))
+        kb = load_layers(search_path([Path(p) for p in extra or ()], cwd=cwd, env=env, builtin=builtin,
+                                       project=project))
     except Exception as exc:  # never lose the built-in rules to a bug in reading the team's layers
         if os.environ.get("TRIAGE_DEBUG"):
             raise

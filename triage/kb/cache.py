@@ -91,7 +91,7 @@ def _touch(path: Path) -> None:
 
 def _key(files: list[Path], salt: str) -> str | None:
     from ..probe_registry import PROBES
-    from ..probes import registered_probes
+    from ..probe_registry import registered_probes
     from ..version import __version__
 
     engine = Path(__file__).resolve().parent

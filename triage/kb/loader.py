@@ -1,19 +1,52 @@
-"""Find and load rule files into a KnowledgeBase, with every problem reported as file:line:col."""
+"""Find and load rule files into a KnowledgeBase, with every problem reported as file:line:col.
+
+Team layers load under one CPU-time budget (LOAD_BUDGET_S): validating a rule parses
+its templates, so a 2 MB file of rules would otherwise cost tens of seconds. When the
+budget runs out the rest is skipped with a problem at the first rule not loaded, and
+the partial layer is not cached.
+"""
 
 from __future__ import annotations
 
 import difflib
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..probes import CustomProbe
+from ..probe_registry import CustomProbe
 from .cache import cached
 from .rule import Problem, Rule, build_rule
 from .searchpath import CONFIG_NAME, builtin_rules_dir, read_config
+from .safe_regex import SafePattern
 from .yamlpos import MAX_RULE_FILE_BYTES, LocatedList, Position, YamlError, load_located
 
 RULE_SUFFIXES = (".yaml", ".yml")
+LOAD_BUDGET_S = 2.0  # CPU seconds to load every team layer of one search path together
+
+
+class _LoadBudget:
+    """The CPU-time deadline for loading team layers; None while the built-in rules load."""
+
+    deadline: float | None = None
+
+    @classmethod
+    def spent(cls) -> bool:
+        return cls.deadline is not None and time.thread_time() > cls.deadline
+
+
+class _BudgetSpent(Exception):
+    """Raised out of a layer's loading when the load budget ran out, so the partial layer is not cached."""
+
+    def __init__(self, kb: KnowledgeBase) -> None:
+        super().__init__("load budget spent")
+        self.kb = kb
+
+
+def _budget_problem(path: str, line: int = 1, col: int = 1) -> Problem:
+    return Problem(path, line, col, f"not loaded from here on: team rules took over {LOAD_BUDGET_S:g}s of CPU time "
+                                    "to load; this rule, the rest of the file and later team files are skipped",
+                   "split the rules over fewer, smaller files, or take out what is not needed")
 
 
 @dataclass(frozen=True)
@@ -118,6 +151,9 @@ def _load_rule_file(path: Path, shown: str, probes: frozenset[str] | None) -> tu
     rules: list[Rule] = []
     problems: list[Problem] = []
     for item, position in zip(data, data.item_positions):
+        if _LoadBudget.spent():
+            problems.append(_budget_problem(shown, position.line, position.col))
+            break
         rule, found = build_rule(item, shown, position, probes, lines)
         problems.extend(found)
         if rule is not None:
@@ -129,7 +165,10 @@ def load_paths(paths: list[Path], origin: str = "built-in", probes: frozenset[st
     """Load every rule file under `paths` as one layer; an id defined twice in it is a problem."""
     files = [file for root in paths if root.exists() for file in rule_files(root)]
     salt = f"{origin}\0{[str(p) for p in paths]}\0{sorted(probes) if probes is not None else None}"
-    return cached(files, salt, lambda: _load_layer(paths, origin, probes))
+    try:
+        return cached(files, salt, lambda: _load_layer(paths, origin, probes))
+    except _BudgetSpent as spent:
+        return spent.kb
 
 
 def _load_layer(paths: list[Path], origin: str, probes: frozenset[str] | None) -> KnowledgeBase:
@@ -140,10 +179,15 @@ def _load_layer(paths: list[Path], origin: str, probes: frozenset[str] | None) -
             kb.problems.append(Problem(display_path(root), 1, 1, "no such rule file or folder"))
             continue
         for file in rule_files(root):
+            if _LoadBudget.spent():
+                kb.problems.append(_budget_problem(display_path(file)))
+                raise _BudgetSpent(kb)
             rules, problems = load_rule_file(file, display_path(file), probes)
             kb.problems.extend(problems)
             for rule in rules:
                 rule.origin = origin
+                if origin != "built-in":
+                    _charge_searches_to(rule, rule.path)
                 first = seen.get(rule.id)
                 if first is not None:
                     kb.problems.append(Problem(rule.path, rule.line, 1,
@@ -153,7 +197,16 @@ def _load_layer(paths: list[Path], origin: str, probes: frozenset[str] | None) -
                     continue
                 seen[rule.id] = rule
                 kb.rules.append(rule)
+            if _LoadBudget.spent():
+                raise _BudgetSpent(kb)
     return kb
+
+
+def _charge_searches_to(rule: Rule, owner: str) -> None:
+    """A team rule's searches draw on its file's time budget (and all team files' budget), see safe_regex."""
+    frame_patterns = [pattern for pattern in rule.frame.values() if isinstance(pattern, SafePattern)]
+    for pattern in [*rule.messages, *rule.not_messages, *rule.logs, *rule.not_logs, *frame_patterns]:
+        pattern.owner = owner
 
 
 def load_layers(layers: list) -> KnowledgeBase:
@@ -163,6 +216,10 @@ def load_layers(layers: list) -> KnowledgeBase:
     validates in every layer; then each layer's rules replace same-id rules of
     earlier layers (in place, keeping their rank); then disabled ids are removed.
     """
+    from . import safe_regex, templates
+
+    safe_regex.reset_budgets()  # the rules in force now start with whole time budgets
+    templates.reset_allowance()
     kb = KnowledgeBase()
     configs = {}
     for layer in layers:
@@ -175,24 +232,29 @@ def load_layers(layers: list) -> KnowledgeBase:
                 kb.probes.update(config.probes)
     probe_names = frozenset(kb.probes)
     in_force: dict[str, Rule] = {}
-    for index, layer in enumerate(layers):
-        if not layer.path.exists():
-            if layer.required:
-                kb.problems.append(Problem(display_path(layer.path), 1, 1,
-                                           f"no such rule file or folder (from {layer.origin})"))
-            continue
-        loaded = _contained(lambda: load_paths([layer.path], origin=layer.origin, probes=probe_names),
-                            display_path(layer.path), KnowledgeBase(), kb.problems)
-        kb.problems.extend(loaded.problems)
-        for rule in loaded.rules:
-            rule.layer = index
-            previous = in_force.get(rule.id)
-            if previous is not None:
-                kb.overridden.append(Override(previous, rule))
-            in_force[rule.id] = rule  # a replaced key keeps its place in the dict's order
-        config = configs.get(layer)
-        config_path = config.path if config else None
-        kb.layers.append(LayerInfo(layer.origin, display_path(layer.path), len(loaded.rules), config_path))
+    try:
+        for index, layer in enumerate(layers):
+            if layer.origin != "built-in" and _LoadBudget.deadline is None:
+                _LoadBudget.deadline = time.thread_time() + LOAD_BUDGET_S
+            if not layer.path.exists():
+                if layer.required:
+                    kb.problems.append(Problem(display_path(layer.path), 1, 1,
+                                               f"no such rule file or folder (from {layer.origin})"))
+                continue
+            loaded = _contained(lambda: load_paths([layer.path], origin=layer.origin, probes=probe_names),
+                                display_path(layer.path), KnowledgeBase(), kb.problems)
+            kb.problems.extend(loaded.problems)
+            for rule in loaded.rules:
+                rule.layer = index
+                previous = in_force.get(rule.id)
+                if previous is not None:
+                    kb.overridden.append(Override(previous, rule))
+                in_force[rule.id] = rule  # a replaced key keeps its place in the dict's order
+            config = configs.get(layer)
+            config_path = config.path if config else None
+            kb.layers.append(LayerInfo(layer.origin, display_path(layer.path), len(loaded.rules), config_path))
+    finally:
+        _LoadBudget.deadline = None
     for layer, config in configs.items():
         for rule_id, position in config.disable:
             rule = in_force.pop(rule_id, None) or _pop_alias(in_force, rule_id)

@@ -42,6 +42,10 @@ def diagnose(incident: Incident, kb: KnowledgeBase, warnings: list[str] | None =
             if os.environ.get("TRIAGE_DEBUG"):
                 raise
             warnings.append(f"rule {rule.id} ({rule.location}) skipped: internal error {type(exc).__name__}: {exc}")
+    replaced = {override.by.id: override.replaced for override in getattr(kb, "overridden", [])}
+    for diagnosis in best.values():
+        if diagnosis.rule in replaced:
+            diagnosis.overrides = f"{replaced[diagnosis.rule].origin} {replaced[diagnosis.rule].location}"
     # At equal confidence a team's rule (a later layer) goes first, then the more specific rule.
     return sorted(best.values(), key=lambda d: (-d.confidence, -layers[d.rule], -d.specificity))
 
@@ -183,6 +187,7 @@ def _diagnosis(
         values=values,
         exception_index=index,
         rule_location=rule.location,
+        origin=rule.origin,
     )
 
 

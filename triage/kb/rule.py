@@ -11,7 +11,7 @@ from typing import Any
 import regex
 
 from ..incident import KINDS
-from ..probes import PROBES, entry_point_probes, registered_probes
+from ..probe_registry import PROBES, entry_point_probes, registered_probes
 from . import templates
 from .safe_regex import SafePattern, compile_pattern
 from .yamlpos import LocatedDict, LocatedList, Position

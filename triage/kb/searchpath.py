@@ -2,11 +2,13 @@
 
 Layers, earliest first: the built-in knowledge base, the user's folder
 ($XDG_CONFIG_HOME/triage/rules, default ~/.config/triage/rules), the project's
-.triage/rules found upward from the working directory, each entry of
+.triage/rules (looked for from the script's folder, or the working directory,
+up to the root of its repository and never above it), each entry of
 TRIAGE_RULES (os.pathsep-separated), then each --rules option. A rule replaces
 an earlier rule with the same id. A rules folder may hold a `triage.yaml`
 that disables rules by id and registers custom probes by "module:function";
-no code is imported to read it.
+no code is imported to read it, and a probe it registers is imported only
+once the user trusts that file (see kb/trust.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..probes import PROBES, CustomProbe
+from ..probe_registry import PROBES, CustomProbe
 from .rule import ID_PATTERN, Problem
 from .yamlpos import MAX_RULE_FILE_BYTES, LocatedDict, LocatedList, Position, YamlError, load_located
 
@@ -62,6 +64,15 @@ def builtin_rules_dir() -> Path:
     return installed if installed.is_dir() else package.parent / "knowledge_base"
 
 
+def project_root(start: Path) -> Path | None:
+    """The repository a folder belongs to: the nearest folder at or above `start` holding `.git`; None outside one."""
+    start = Path(os.path.realpath(start))
+    for folder in (start, *start.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
+
+
 def user_rules_dir(env: Mapping[str, str] | None = None) -> Path:
     """$XDG_CONFIG_HOME/triage/rules, or ~/.config/triage/rules when XDG_CONFIG_HOME is unset or relative."""
     env = os.environ if env is None else env
@@ -73,9 +84,15 @@ def user_rules_dir(env: Mapping[str, str] | None = None) -> Path:
 
 
 def find_project_rules(cwd: Path | None = None) -> Path | None:
-    """The nearest .triage/rules folder in the working directory or one of its parents."""
+    """The nearest .triage/rules from `cwd` (the script's folder, or the working directory) up to its repository root.
+
+    Outside a repository only `cwd` itself is looked at: a folder above it (/tmp on a shared
+    machine, a home folder) is not the project.
+    """
     start = (cwd or Path.cwd()).resolve()
-    for folder in (start, *start.parents):
+    root = project_root(start)
+    folders = [start] if root is None else [start, *start.parents[: len(start.parts) - len(root.parts)]]
+    for folder in folders:
         candidate = folder / PROJECT_RULES
         if candidate.is_dir():
             return candidate
@@ -87,16 +104,20 @@ def search_path(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
     builtin: bool = True,
+    project: Path | None = None,
 ) -> list[Layer]:
-    """Every layer in force, earliest first; a folder that appears twice is kept at its first place."""
+    """Every layer in force, earliest first; a folder that appears twice is kept at its first place.
+
+    `project` is where the project's rules are looked for (the script's folder); default `cwd`.
+    """
     env = os.environ if env is None else env
     layers: list[Layer] = [Layer("built-in", builtin_rules_dir())] if builtin else []
     user = user_rules_dir(env)
     if user.is_dir():
         layers.append(Layer("user", user))
-    project = find_project_rules(cwd)
-    if project is not None:
-        layers.append(Layer("project", project))
+    project_rules = find_project_rules(project or cwd)
+    if project_rules is not None:
+        layers.append(Layer("project", project_rules))
     base = (cwd or Path.cwd())
     for entry in env.get(ENV_VAR, "").split(os.pathsep):
         if entry.strip():
@@ -150,7 +171,7 @@ def read_config(folder: Path, display: str) -> LayerConfig | None:
                     f"did you mean '{close[0]}'?" if close else f"allowed keys: {', '.join(CONFIG_KEYS)}")
     _read_disable(data, problem, config)
     python_path = _read_python_path(data, folder, problem)
-    _read_probes(data, python_path, display, problem, config)
+    _read_probes(data, python_path, display, problem, config, folder)
     return config
 
 
@@ -196,7 +217,8 @@ def _read_python_path(data: LocatedDict, folder: Path, problem) -> tuple[str, ..
     return tuple(folders)
 
 
-def _read_probes(data: LocatedDict, python_path: tuple[str, ...], display: str, problem, config: LayerConfig) -> None:
+def _read_probes(data: LocatedDict, python_path: tuple[str, ...], display: str, problem, config: LayerConfig,
+                 folder: Path) -> None:
     value = data.get("probes")
     if value is None:
         return
@@ -213,4 +235,5 @@ def _read_probes(data: LocatedDict, python_path: tuple[str, ...], display: str, 
             problem(value_pos, f"probe '{name}' must name \"module:function\", got {target!r}",
                     "e.g. team_probes.fused_ln:check_build")
         else:
-            config.probes[name] = CustomProbe(name, target, f"{display}:{key_pos.line}", python_path)
+            config.probes[name] = CustomProbe(name, target, f"{display}:{key_pos.line}", python_path,
+                                              config=os.path.realpath(folder / CONFIG_NAME))

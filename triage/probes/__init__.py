@@ -8,83 +8,25 @@ in triage.probe_registry, a leaf the knowledge base reads too.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import sys
-from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..probe_registry import PROBES
-
-
-def known_probes() -> frozenset[str]:
-    """Names a rule may list under `probes:`: built-in, installed through entry points, or registered."""
-    return frozenset(PROBES) | frozenset(custom_probes())
-
-
-# Custom probes: teams opt in explicitly, either by installing a package that declares the
-# entry-point group below, or by naming "module:function" in a rules folder's triage.yaml.
-# Nothing here imports a probe's module; `load_probe` does, when the probe runs.
-ENTRY_POINT_GROUP = "triage.probes"
-
-
-@dataclass(frozen=True)
-class CustomProbe:
-    """A probe a team registered: its name, "module:function", and where it was registered."""
-
-    name: str
-    target: str
-    origin: str
-    python_path: tuple[str, ...] = ()  # folders to put on sys.path before importing the module
+from ..probe_registry import (  # noqa: F401 (the registry, re-exported for probe authors)
+    ENTRY_POINT_GROUP,
+    PROBES,
+    CustomProbe,
+    custom_probes,
+    entry_point_probes,
+    known_probes,
+    probe_target,
+    register_probe,
+    registered_probes,
+)
 
 
 class ProbeLoadError(Exception):
     """Raised when a probe's module or function cannot be imported; the message says which."""
-
-
-_registered: dict[str, CustomProbe] = {}
-
-
-@functools.lru_cache(maxsize=1)
-def entry_point_probes() -> dict[str, CustomProbe]:
-    """Probes installed packages declare under the `triage.probes` entry-point group (metadata only)."""
-    from importlib.metadata import entry_points
-
-    found: dict[str, CustomProbe] = {}
-    try:
-        points = entry_points(group=ENTRY_POINT_GROUP)
-    except Exception:  # a broken distribution's metadata must not break triage
-        return found
-    for point in points:
-        dist = getattr(getattr(point, "dist", None), "name", None) or "an installed package"
-        if point.name not in PROBES:
-            found[point.name] = CustomProbe(point.name, point.value, f"entry point of {dist}")
-    return found
-
-
-def register_probe(probe: CustomProbe) -> None:
-    """Make a team probe known by name for this process (the loader calls this for triage.yaml probes)."""
-    if probe.name in PROBES:
-        raise ValueError(f"probe name '{probe.name}' is built in; give the custom probe another name")
-    _registered[probe.name] = probe
-
-
-def registered_probes() -> dict[str, CustomProbe]:
-    """Probes registered by rules folders in this process (not the installed entry points)."""
-    return dict(_registered)
-
-
-def custom_probes() -> dict[str, CustomProbe]:
-    """Every custom probe known now: installed entry points, then probes registered by rules folders."""
-    return {**entry_point_probes(), **_registered}
-
-
-def probe_target(name: str) -> str | None:
-    """The "module:function" that implements a probe, built-in or custom; None for an unknown name."""
-    if name in PROBES:
-        return PROBES[name]
-    custom = custom_probes().get(name)
-    return custom.target if custom else None
 
 
 def load_probe(name: str) -> Callable[..., Any]:
@@ -94,6 +36,12 @@ def load_probe(name: str) -> Callable[..., Any]:
         raise ProbeLoadError(f"unknown probe '{name}'")
     module_name, _, function_name = target.partition(":")
     custom = custom_probes().get(name) if name not in PROBES else None
+    if custom is not None and custom.config is not None:
+        from ..kb.trust import is_trusted
+
+        if not is_trusted(custom.config):  # checked now, against the file as it is now
+            raise ProbeLoadError(f"probe '{name}' is registered by {custom.config}, which is not trusted to run Python; "
+                                 f"run `triage trust {custom.config}` if you trust it")
     for folder in custom.python_path if custom else ():
         if folder not in sys.path:
             sys.path.insert(0, folder)

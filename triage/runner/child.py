@@ -347,10 +347,40 @@ def _fresh_main() -> types.ModuleType:
     return main
 
 
+def _give_python_headroom(counted_calls_between: int = 0) -> None:
+    """Raise the recursion limit by the depth under the script that plain python does not have.
+
+    Plain python runs a script's module code as the first frame; here the CLI, the supervisor
+    and this module sit below it (about a dozen frames, and C calls that count too), which the
+    script would otherwise lose from its recursion depth. The depth in use is measured, not
+    guessed: how far a probe can recurse from here, against the limit. Called from the function
+    that runs the script's code; `counted_calls_between` are the calls between that function
+    and the script's first frame that count toward the limit (the builtin exec() is one).
+    """
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit + _depth_in_use(limit) + counted_calls_between - _PLAIN_PYTHON_DEPTH)
+
+
+def _recursion_probe(depth: int) -> int:
+    try:
+        return _recursion_probe(depth + 1)
+    except RecursionError:
+        return depth
+
+
+def _depth_in_use(limit: int) -> int:
+    return limit - _recursion_probe(1)
+
+
+# _depth_in_use() where plain python starts a script: measured in a script's module code, minus its frame.
+_PLAIN_PYTHON_DEPTH = 2
+
+
 def _run_module(name: str) -> None:
     import runpy
 
     _fresh_main()
+    _give_python_headroom()  # runpy's own frames are under `python -m` too
     runpy._run_module_as_main(name, alter_argv=True)
 
 
@@ -373,6 +403,7 @@ def _run_path(target: str) -> None:
         import runpy
 
         _fresh_main()
+        _give_python_headroom()
         runpy._run_module_as_main("__main__", alter_argv=False)
         return
     path = os.path.abspath(target)
@@ -397,6 +428,7 @@ def _run_path(target: str) -> None:
 
         main.__dict__["__loader__"] = SourceFileLoader("__main__", path)
         code = compile(source, path, "exec", dont_inherit=True)
+    _give_python_headroom(counted_calls_between=1)
     exec(code, main.__dict__)
 
 

@@ -24,8 +24,17 @@ class Reporter:
             from ..kb import load_knowledge_base
 
             cwd = self.config.get("cwd")  # where the command ran: the script may have changed directory since
-            self._kb = load_knowledge_base([Path(p) for p in self.config.get("rules") or []], cwd=Path(cwd) if cwd else None)
+            self._kb = load_knowledge_base([Path(p) for p in self.config.get("rules") or []],
+                                           cwd=Path(cwd) if cwd else None, project=self.script_folder())
         return self._kb
+
+    def script_folder(self) -> Path | None:
+        """The script's own folder (the project's rules are looked for from there); None for a module or stdin."""
+        target, cwd = self.config.get("target"), self.config.get("cwd") or os.getcwd()
+        if not target or self.config.get("module") or target in ("-", "-c"):
+            return None
+        path = Path(os.path.realpath(os.path.join(cwd, target)))
+        return path if path.is_dir() else path.parent
 
     def handle(
         self,

@@ -1,11 +1,15 @@
 """The supervising parent: fork the child that runs the script, forward signals, watch for hangs, report deaths.
 
 Standard library only until there is something to report. The parent blocks
-the signals it forwards and collects them with sigtimedwait, so it sees who
-sent each one: a Ctrl-C the terminal delivered to the whole foreground group
-already reached the child and is not sent twice. At the end the parent exits
-with the child's status, and for a death by signal dies of the same signal,
-so the shell shows what it shows for plain python.
+the signals it forwards and collects them with sigtimedwait. The child stays
+in the parent's process group (job control and Ctrl-C work as for python), so
+a signal sent to the group (the terminal's Ctrl-C, `timeout`, `kill -- -PGID`,
+SLURM, systemd) reaches both, and the parent forwards one only when the child
+did not get it: the child has it pending, or reported receiving it. The child
+reports through CPython's signal wakeup fd, which the interpreter's C-level
+handler writes the signal number to the moment a signal with a Python handler
+arrives. At the end the parent exits with the child's status, and for a death
+by signal dies of the same signal, so the shell shows what it shows for python.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from typing import NoReturn
 
 from .channel import PHASE_TRIAGING, STATUS, Beat, Channel
@@ -28,6 +33,8 @@ CRASH_SIGNALS = frozenset(
 )  # fmt: skip
 EXIT_HANG_KILLED = 124
 KILL_GRACE_S = 3.0
+RECEIPT_MAX_AGE_S = 1.0  # a receipt this old is of another signal than the one the parent just got
+RECEIPT_SETTLE_S = 0.002  # between the child dequeuing a signal and its handler writing the receipt
 
 
 class Supervisor:
@@ -44,6 +51,8 @@ class Supervisor:
         self._reported_seq: int | None = None
         self._oom_before: int | None = None
         self.config_for_reports: dict = {}
+        self._receipts_fd = -1
+        self._receipts: deque[tuple[int, float]] = deque()  # (signal, when read) the child reported receiving
 
     def config(self) -> dict:
         options = self.options
@@ -78,6 +87,7 @@ class Supervisor:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         parent = os.getpid()
+        receipts_read, receipts_write = _receipt_pipe()
         try:
             pid = os.fork()
         except OSError as exc:  # out of processes or memory for a second one
@@ -88,7 +98,11 @@ class Supervisor:
         if pid == 0:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
             _die_with_parent(parent)
+            _report_signal_receipts(receipts_read, receipts_write)
             self._become_child(config)
+        if receipts_write >= 0:
+            os.close(receipts_write)
+        self._receipts_fd = receipts_read
         self.child_pid = pid
         config["child_pid"] = pid
         self.config_for_reports = config
@@ -132,6 +146,7 @@ class Supervisor:
             info = signal.sigtimedwait(watched, tick)
             if info is not None and info.si_signo != signal.SIGCHLD:
                 self._forward(info)
+            self._read_receipts()  # keep the pipe drained; receipts of signals the parent never got age out
             done, status = os.waitpid(self.child_pid, os.WNOHANG)
             if done:
                 return status
@@ -142,12 +157,54 @@ class Supervisor:
                     _internal_error(exc, "checking for a hang")
 
     def _forward(self, info) -> None:
+        """Send the child a signal the parent got, unless the child got it too (sent to the whole group)."""
         if info.si_signo in TERMINAL_SIGNALS and info.si_code == SI_KERNEL:
+            self._take_receipt(info.si_signo)
             return  # the terminal sent it to the whole foreground group, the child included
+        if self._child_received(info.si_signo):
+            return
         try:
             os.kill(self.child_pid, info.si_signo)
         except ProcessLookupError:
             pass
+
+    def _child_received(self, signum: int) -> bool:
+        """Whether the child got this signal itself: it reported it, or it is still pending there.
+
+        Receipts are read before and after the pending set, so a signal the child dequeues
+        between the two reads is still seen. A signal the child leaves to its default action
+        (death) or ignores sends no receipt; forwarding it then changes nothing.
+        """
+        if self._take_receipt(signum) or signum in pending_signals(self.child_pid):
+            return True
+        time.sleep(RECEIPT_SETTLE_S)
+        return self._take_receipt(signum)
+
+    def _take_receipt(self, signum: int) -> bool:
+        self._read_receipts()
+        now = time.monotonic()
+        while self._receipts and now - self._receipts[0][1] > RECEIPT_MAX_AGE_S:
+            self._receipts.popleft()
+        for index, (number, _when) in enumerate(self._receipts):
+            if number == signum:
+                del self._receipts[index]
+                return True
+        return False
+
+    def _read_receipts(self) -> None:
+        if self._receipts_fd < 0:
+            return
+        now = time.monotonic()
+        while True:
+            try:
+                data = os.read(self._receipts_fd, 4096)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            if not data:
+                return
+            self._receipts.extend((number, now) for number in data if number in _FORWARDED_NUMBERS)
 
     def _check_progress(self, timeout: float) -> None:
         beat = self.channel.read_beat()
@@ -209,6 +266,46 @@ class Supervisor:
             sys.stderr.write(dump + "\n")
         self.reporter().handle(incident, texts=texts, timings={"capture_s": time.monotonic() - started})
         return code
+
+
+_FORWARDED_NUMBERS = frozenset(int(number) for number in FORWARDED_SIGNALS)
+
+
+def _receipt_pipe() -> tuple[int, int]:
+    """A non-blocking pipe for the child's signal receipts; (-1, -1) where one cannot be made."""
+    try:
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        os.set_blocking(write, False)  # set_wakeup_fd requires it: a full pipe must not block a signal handler
+        return read, write
+    except OSError:
+        return -1, -1
+
+
+def _report_signal_receipts(read: int, write: int) -> None:
+    """In the child: have the interpreter write the number of each signal it receives to the parent's pipe."""
+    if read >= 0:
+        os.close(read)
+    if write < 0:
+        return
+    try:
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        os.close(write)
+
+
+def pending_signals(pid: int) -> set[int]:
+    """Signals pending for a process (its own and its main thread's), from /proc; empty when unreadable."""
+    found: set[int] = set()
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith(("SigPnd:", "ShdPnd:")):
+                    mask = int(line.split(":", 1)[1].strip(), 16)
+                    found.update(number + 1 for number in range(64) if mask >> number & 1)
+    except (OSError, ValueError):
+        pass
+    return found
 
 
 def _die_with_parent(parent: int) -> None:
