@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..diagnosis import ProbeResult
-from ._support import exception_line, innermost_user_frame, iter_tensors, no_batch_hint, preserved_state, result, where
+from ._support import exception_line, innermost_user_frame, iter_tensors, no_batch_hint, result, where
 from .context import ProbeContext
 
 NAME = "workers0_rerun"
@@ -108,27 +108,26 @@ def workers0_rerun(ctx: ProbeContext) -> ProbeResult:
     block_s = min(10.0, max(limit / 3, 0.3))
     first_batch = (ctx.batch_index + 1) if ctx.batch_index is not None else 0
     scan = Scan()
-    with preserved_state():
-        worker = threading.Thread(target=_fetch_all, args=(source, scan, first_batch), name="triage-workers0",
-                                  daemon=True)
-        worker.start()
-        deadline = time.monotonic() + limit
-        blocked_stack = None
-        while worker.is_alive():
-            worker.join(0.02)
-            now = time.monotonic()
-            if source.timeout and scan.slow_stack is None and worker.is_alive() and now - scan.started > source.timeout:
-                frame = sys._current_frames().get(worker.ident)  # where a fetch is once it outlasts the timeout
-                scan.slow_stack = traceback.extract_stack(frame) if frame is not None else []
-            if worker.is_alive() and now - scan.started > block_s:
-                frame = sys._current_frames().get(worker.ident)
-                blocked_stack = traceback.extract_stack(frame) if frame is not None else []
-                scan.stop = True
-                break
-            if now > deadline:
-                scan.stop = True
-                worker.join(1.0)
-                break
+    worker = threading.Thread(target=_fetch_all, args=(source, scan, first_batch), name="triage-workers0",
+                              daemon=True)
+    worker.start()
+    deadline = time.monotonic() + limit
+    blocked_stack = None
+    while worker.is_alive():
+        worker.join(0.02)
+        now = time.monotonic()
+        if source.timeout and scan.slow_stack is None and worker.is_alive() and now - scan.started > source.timeout:
+            frame = sys._current_frames().get(worker.ident)  # where a fetch is once it outlasts the timeout
+            scan.slow_stack = traceback.extract_stack(frame) if frame is not None else []
+        if worker.is_alive() and now - scan.started > block_s:
+            frame = sys._current_frames().get(worker.ident)
+            blocked_stack = traceback.extract_stack(frame) if frame is not None else []
+            scan.stop = True
+            break
+        if now > deadline:
+            scan.stop = True
+            worker.join(1.0)
+            break
     return _verdict(ctx, source, scan, blocked_stack, block_s, first_batch)
 
 
