@@ -1,10 +1,12 @@
-"""Run the probes the diagnoses name, each under a time limit, and re-rank the diagnoses by what they found.
+"""Run the probes the diagnoses name, each in a disposable child under a time limit, and re-rank the diagnoses.
 
 `context_from_failure` builds the ProbeContext from an exception and the live
 Tracker; `run_probes` fills each diagnosis's `probes` and moves confirmed
-hypotheses up and refuted ones down. Nothing a probe does escapes as an
+hypotheses up and refuted ones down. A probe that runs user code runs in a
+child forked at the failure (sandbox.py), so nothing it does reaches the
+user's objects, files or exit status. Nothing a probe does escapes as an
 exception: a probe that raises, cannot be loaded or runs out of time is a
-result with status `error`.
+result with status `error`; one that runs out of memory is `inconclusive`.
 """
 
 from __future__ import annotations

@@ -90,10 +90,6 @@ class Outcome:
     saves: list[str] = field(default_factory=list)  # torch.save calls the stub swallowed
     redirected: list[str] = field(default_factory=list)  # files whose writes went to a shadow copy in the child
 
-    @property
-    def finished(self) -> bool:
-        return self.stopped is None and self.error is None
-
 
 def fork_available() -> bool:
     """Whether experiments that run user code can be isolated here (fork is POSIX only)."""
@@ -110,6 +106,7 @@ class _State:
     refused: list[str] = []
     saves: list[str] = []
     redirected: list[str] = []
+    streams: list[Any] = []  # the child's own stdout and stderr
 
 
 _state = _State()
@@ -130,13 +127,20 @@ def run(fn: Callable[[], Any], limit_s: float, *, allowed: Iterable[str | os.Pat
     started = time.monotonic()
     folder = tempfile.mkdtemp(prefix="triage-experiment-")
     try:
-        read_end, write_end = os.pipe()
         budget = memory_bytes if memory_bytes is not None else memory_budget()
         python_random = _python_rng_state()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
+        read_end, write_end = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError as exc:
             os.close(read_end)
-            _child(fn, write_end, folder, [str(a) for a in allowed], budget, limit_s, python_random)
+            os.close(write_end)
+            return Outcome(stopped="unavailable", reason=f"cannot fork an experiment: {exc.strerror or exc}")
+        if pid == 0:  # the child: never returns
+            try:
+                _child(fn, read_end, write_end, folder, [str(a) for a in allowed], budget, limit_s, python_random)
+            finally:
+                os._exit(_CHILD_EXIT_BROKEN)
         os.close(write_end)
         try:
             outcome = _wait(pid, read_end, limit_s, started, budget)
@@ -294,12 +298,13 @@ def _dumped_stack(text: str) -> list[traceback.FrameSummary]:
 # ---------------------------------------------------------------------------- child side
 
 
-def _child(fn: Callable[[], Any], write_end: int, folder: str, allowed: list[str], budget: int, limit_s: float,
-           python_random: Any) -> None:
+def _child(fn: Callable[[], Any], read_end: int, write_end: int, folder: str, allowed: list[str], budget: int,
+           limit_s: float, python_random: Any) -> None:
     """Isolate this process, run the experiment, send the outcome, and end here whatever happens."""
     real_exit = os._exit
     code = _CHILD_EXIT_BROKEN
     try:
+        os.close(read_end)
         try:
             _isolate(folder, allowed, write_end, budget, limit_s, python_random)
         except BaseException as exc:  # noqa: BLE001 - an experiment that cannot be isolated does not run
@@ -312,7 +317,7 @@ def _child(fn: Callable[[], Any], write_end: int, folder: str, allowed: list[str
     except BaseException:  # noqa: BLE001 - nothing may escape into the parent's code path
         pass
     finally:
-        for stream in (sys.stdout, sys.stderr):
+        for stream in _state.streams:  # ours only: the parent's keep data that is the parent's to write
             try:
                 stream.flush()
             except Exception:
@@ -427,6 +432,7 @@ def _fresh_std_streams() -> None:
     sys.stdin = open(0, "r", closefd=False)  # noqa: SIM115
     sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    _state.streams = [sys.stdout, sys.stderr]
 
 
 def _limit_memory(budget: int) -> None:
