@@ -254,3 +254,61 @@ def test_an_open_file_of_the_parent_keeps_its_offset_and_its_contents(tmp_path):
     writer.close()
     assert log.read_text() == "buffered in the parent\n"
     reader.close()
+
+
+def test_the_child_runs_no_atexit_handler_and_writes_none_of_the_parents_buffered_output(tmp_path):
+    marks = tmp_path / "atexit.txt"
+    code = textwrap.dedent(f'''
+        import atexit, sys
+        from triage.probes import sandbox
+
+        atexit.register(lambda: open({str(marks)!r}, "a").write("atexit\\n"))
+        sys.stdout.write("pending in the parent's buffer\\n")  # a pipe: block-buffered, not yet written
+        outcome = sandbox.run(lambda: print("from the child") or 7, 20)
+        sys.stdout.write(f"{{outcome.value}} {{outcome.stdout!r}}\\n")
+    ''')
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=triage_env(), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "pending in the parent's buffer\n7 'from the child\\n'\n"
+    assert marks.read_text() == "atexit\n"
+
+
+def test_without_fork_experiments_that_run_user_code_are_skipped_with_a_reason(monkeypatch):
+    from _probe_fixtures import diagnosis
+    from triage.incident import Incident
+    from triage.probes.context import ProbeContext
+    from triage.probes.runner import run_probes
+
+    monkeypatch.setattr(sandbox, "fork_available", lambda: False)
+    d = diagnosis("shape", "shape_trace", "device_census")
+    run_probes([d], ProbeContext(incident=Incident(source="run")))
+    shape, census = d.probes
+    assert shape.status == "skipped" and "need fork" in shape.detail
+    assert census.status == "skipped" and "no live model" in census.detail  # runs here: it reads metadata only
+
+
+def test_a_batch_in_shared_memory_is_copied_before_the_replay_writes_to_it():
+    """Fork does not isolate shared memory (a DataLoader worker's batch lives there): the replay gets its own copy."""
+    import torch
+    from torch import nn
+
+    from _probe_fixtures import diagnosis, isolated, live_context, raised
+    from triage.probes.cpu_rerun import cpu_rerun
+
+    class Doubling(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x):
+            x.mul_(2)
+            return self.fc(x)
+
+    model, batch = Doubling(), torch.ones(4, 5).share_memory_()
+    exc = raised(model, batch)
+    seen = batch.clone()
+    ctx = live_context(exc, model=model, batch=(batch,))
+    ctx.diagnosis = diagnosis("shape")
+    outcome = isolated(cpu_rerun, ctx)
+    assert outcome.status == "confirmed", outcome.detail
+    assert torch.equal(batch, seen)  # python's one doubling, not a second one from the replay
