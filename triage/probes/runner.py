@@ -152,7 +152,7 @@ def _result(name: str, outcome: Any, limit_s: float) -> ProbeResult:
         return ProbeResult(name, "skipped", outcome.reason, seconds=outcome.seconds)
     if outcome.stopped is not None:
         status = "inconclusive" if outcome.stopped == "memory" else "error"
-        return ProbeResult(name, status, f"the experiment {outcome.reason}", seconds=outcome.seconds)
+        return ProbeResult(name, status, outcome.reason, seconds=outcome.seconds)
     if outcome.error is not None:
         facts = {"traceback": outcome.error_traceback[-4000:]} if os.environ.get("TRIAGE_DEBUG") else {}
         return ProbeResult(name, "error", f"the probe failed: {outcome.error}", facts=facts, seconds=outcome.seconds)

@@ -231,7 +231,7 @@ def _wait(pid: int, read_end: int, limit_s: float, started: float, budget: int) 
         outcome.seconds = seconds
         if outcome.error is not None and _out_of_memory(outcome.error_type, outcome.error):
             outcome.stopped = "memory"
-            outcome.reason = f"ran out of its memory budget of {_gb(budget)} ({outcome.error})"
+            outcome.reason = f"the experiment ran out of its memory budget of {_gb(budget)} ({outcome.error})"
         return outcome
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)

@@ -88,9 +88,10 @@ def _source(loader: Any) -> Source | None:
 
 
 # A worker killed by a signal may have been killed by what fetching its samples does (a native
-# crash, memory blown up, a dataset that kills its process): fetching them again in this process
-# could take the run's report down with it. A bus error from exhausted shared memory is not
-# caused by the sample, so that case is still fetched (to size the batches in flight).
+# crash, memory blown up, a dataset that kills its process): fetching them again would most likely
+# kill the experiment's process the same way, which says nothing the worker's death did not. A bus
+# error from exhausted shared memory is not caused by the sample, so that case is still fetched
+# (to size the batches in flight).
 _KILLED_WORKER = re.compile(
     r"killed by signal|exited unexpectedly|Segmentation fault|SIGSEGV|SIGKILL|ConnectionResetError|Connection reset by peer"
 )
@@ -103,7 +104,7 @@ def workers0_rerun(ctx: ProbeContext) -> ProbeResult:
         return result(NAME, "skipped", f"no live DataLoader: {no_batch_hint()}")
     killed = _refetch_unsafe(ctx)
     if killed:
-        return result(NAME, "skipped", f"a worker died ({killed}); fetching its samples in this process could kill it too")
+        return result(NAME, "skipped", f"a worker died ({killed}); fetching its samples again would most likely end the same way")
     limit = max(min(ctx.time_limit_s - 0.5, SCAN_S), 0.5)
     block_s = min(10.0, max(limit / 3, 0.3))
     first_batch = (ctx.batch_index + 1) if ctx.batch_index is not None else 0
