@@ -212,10 +212,20 @@ def _wait(pid: int, read_end: int, limit_s: float, started: float, budget: int) 
                 size += len(chunk)
                 if size <= RESULT_BYTES:
                     chunks.append(chunk)
+        status = None
+        while status is None:  # the result is in (or the pipe was closed): the child ends at once, or by the deadline
+            reaped, code = os.waitpid(pid, os.WNOHANG)
+            if reaped:
+                status = code
+            elif time.monotonic() > deadline or killed:
+                os.kill(pid, signal.SIGKILL)
+                killed = killed or not chunks
+                status = os.waitpid(pid, 0)[1]
+            else:
+                time.sleep(0.005)
     except BaseException:  # Ctrl-C while waiting: the experiment goes, the interrupt goes on
         _kill(pid)
         raise
-    _, status = os.waitpid(pid, 0)
     seconds = time.monotonic() - started
     if killed:
         return Outcome(stopped="time", reason=f"stopped at its time limit of {limit_s:.3g} s", seconds=seconds)
