@@ -1,6 +1,8 @@
-"""How long each probe takes on a small real failure of its kind (CPU), through the probe runner.
+"""How long each probe takes on a small real failure of its kind (CPU), through the probe runner; and the peak
+memory of a script whose failing batch is 1 GiB, under triage against plain python (target: at most 1.5x).
 
-    python benchmarks/bench_probes.py
+    python benchmarks/bench_probes.py            # both
+    python benchmarks/bench_probes.py --memory   # the memory figure only
 
 Each case is a real failure on the CPU (a device-side assert is simulated by its
 message, with the bug in the data), as in the tests.
@@ -8,8 +10,11 @@ message, with the bug in the data), as in the tests.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -137,7 +142,73 @@ def cases(report_dir: Path):
                      optimizer=torch.optim.Adam(mlp.parameters()), batch=(torch.randn(32, 64),))
 
 
+# A script whose failing batch is 1 GiB of float32 (262144 rows of 1024 features) into a Linear layer built for
+# 1000 features: every probe of the shape diagnosis runs on it.
+BIG_BATCH_SCRIPT = """
+import torch
+from torch import nn
+
+x = torch.randn(262144, 1024)
+nn.Sequential(nn.Linear(1000, 10))(x)
+"""
+
+
+def _tree(root: int) -> list[int]:
+    """root and its descendants, from /proc/<pid>/task/*/children."""
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as f:
+                    todo += [int(child) for child in f.read().split()]
+        except OSError:
+            continue
+    return found
+
+
+def _pss(pid: int) -> int:
+    """Proportional set size: pages shared by fork (copy-on-write) are counted once across the processes."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+    except (OSError, StopIteration):
+        return 0
+
+
+def peak_memory(command: list[str], cwd: str) -> tuple[int, int]:
+    """(peak of the summed PSS of the process tree, sampled every 10 ms; the exit status)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak = 0
+    while process.poll() is None:
+        peak = max(peak, sum(_pss(pid) for pid in _tree(process.pid)))
+        time.sleep(0.01)
+    return peak, process.returncode
+
+
+def memory() -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "big_batch.py"
+        script.write_text(textwrap.dedent(BIG_BATCH_SCRIPT))
+        python, python_status = peak_memory([sys.executable, str(script)], folder)
+        triaged, triage_status = peak_memory([sys.executable, "-m", "triage", "--report-dir", f"{folder}/report",
+                                              str(script)], folder)
+        print(f"\n1 GiB failing batch, peak memory (PSS of the process tree): python {python / 1024**3:.2f} GiB "
+              f"(exit {python_status}), triage {triaged / 1024**3:.2f} GiB (exit {triage_status}): "
+              f"{triaged / python:.2f}x (target <= 1.5x)")
+        report = Path(folder, "report", "report.md")
+        if report.exists():
+            for line in report.read_text().splitlines():
+                if "Experiment" in line or "experiment" in line[:40]:
+                    print("  " + line.strip()[:160])
+
+
 def main() -> int:
+    if "--memory" in sys.argv:
+        memory()
+        return 0
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread; seconds per probe as the runner timed it")
     with tempfile.TemporaryDirectory() as folder:
@@ -148,6 +219,7 @@ def main() -> int:
             print(f"\n{title} ({time.perf_counter() - started:.2f} s)")
             for outcome in diagnosis.probes:
                 print(f"  {outcome.name:16s} {outcome.status:10s} {outcome.seconds:6.3f} s  {outcome.detail[:150]}")
+    memory()
     return 0
 
 

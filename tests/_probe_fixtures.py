@@ -94,6 +94,13 @@ def live_context(exc: BaseException, tracker: Tracker | None = None, report_dir:
     return context_from_failure(incident_from_exception(exc), exc, report_dir, tracker=tracker, time_limit_s=30)
 
 
+def isolated(probe, ctx, limit_s: float = 60.0):
+    """The probe run as the runner runs it: in a disposable child, so that what it does to the objects stays there."""
+    from triage.probes.runner import run_probe
+
+    return run_probe(probe.__name__, ctx, limit_s)
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False

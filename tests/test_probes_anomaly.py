@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from _probe_fixtures import StateGuard, diagnosis, live_context, raised
+from _probe_fixtures import StateGuard, diagnosis, isolated, live_context, raised
 from triage.incident import Incident
 from triage.probes.anomaly_rerun import anomaly_rerun
 from triage.probes.context import ProbeContext
@@ -49,7 +49,7 @@ def test_anomaly_rerun_names_the_op_and_line_where_nan_starts():
     ctx = ProbeContext(incident=Incident(kind="nan", source="run"), model=model, batch=(x, y), loss_fn=loss_fn,
                        optimizer=optimizer, diagnosis=diagnosis("nan"))
     guard = StateGuard(model, optimizer=optimizer)
-    outcome = anomaly_rerun(ctx)
+    outcome = isolated(anomaly_rerun, ctx)
     guard.assert_unchanged()
     assert tracker.steps == 1
     assert outcome.status == "confirmed"
@@ -66,7 +66,7 @@ def test_anomaly_rerun_names_the_inplace_write_and_the_op_that_needed_the_value(
     ctx = dataclasses.replace(live_context(exc, model=model, loss_fn=loss_fn, batch=(x, y)),
                               diagnosis=diagnosis("inplace"))
     guard = StateGuard(model)
-    outcome = anomaly_rerun(ctx)
+    outcome = isolated(anomaly_rerun, ctx)
     guard.assert_unchanged()
     assert outcome.status == "confirmed"
     assert "the in-place add_ at " in outcome.detail
@@ -80,10 +80,10 @@ def test_anomaly_rerun_refutes_nan_when_the_step_is_finite():
     x, y = torch.randn(3, 4), torch.randn(3, 1)
     ctx = ProbeContext(incident=Incident(kind="nan", source="run"), model=model, loss_fn=loss_fn, batch=(x, y),
                        diagnosis=diagnosis("nan"))
-    outcome = anomaly_rerun(ctx)
+    outcome = isolated(anomaly_rerun, ctx)
     assert outcome.status == "refuted"
     assert "all gradients finite" in outcome.detail
-    assert model[0].weight.grad is None  # the backward ran on a copy
+    assert model[0].weight.grad is None  # the backward ran in the experiment's child
 
 
 def test_anomaly_rerun_reports_parameters_that_are_already_nan():
@@ -92,7 +92,7 @@ def test_anomaly_rerun_reports_parameters_that_are_already_nan():
         model[1].weight[0, 0] = float("nan")
     ctx = ProbeContext(incident=Incident(kind="nan", source="run"), model=model, loss_fn=loss_fn,
                        batch=(torch.randn(2, 4), torch.randn(2, 1)))
-    outcome = anomaly_rerun(ctx)
+    outcome = isolated(anomaly_rerun, ctx)
     assert outcome.status == "confirmed"
     assert "parameters already non-finite before the step: 1.weight" in outcome.detail
 
@@ -102,6 +102,6 @@ def test_anomaly_rerun_without_a_loss_backpropagates_the_output_sum():
     x = torch.randn(2, 4)
     ctx = ProbeContext(incident=Incident(kind="exception", source="run"), model=model, batch=x,
                        diagnosis=diagnosis("inplace"))
-    outcome = anomaly_rerun(ctx)
+    outcome = isolated(anomaly_rerun, ctx)
     assert outcome.status == "confirmed"
     assert "`y += 1` modified the output of Sigmoid" in outcome.detail

@@ -223,3 +223,17 @@ def test_workers0_rerun_does_not_refetch_what_killed_a_worker():
     outcome = workers0_rerun(ProbeContext(incident=incident, loader=loader))
     assert outcome.status == "skipped"
     assert "killed by signal" in outcome.detail
+
+
+def test_save_batch_keeps_a_batch_over_its_budget_to_its_first_rows(tmp_path, monkeypatch):
+    from triage.probes import save_batch as save_batch_module
+
+    monkeypatch.setattr(save_batch_module, "SAVE_LIMIT_BYTES", 1000)
+    inputs, labels = torch.randn(100, 10), torch.arange(100)  # 4000 + 800 bytes: a fifth of the rows fit
+    ctx = ProbeContext(incident=Incident(source="run"), report_dir=tmp_path, batch=(inputs, labels), batch_index=2)
+    outcome = save_batch(ctx)
+    assert outcome.status == "confirmed", outcome.detail
+    assert "cut to its first 20 of 100 rows" in outcome.detail
+    saved = torch.load(tmp_path / "batch.pt", weights_only=True)["batch"]
+    assert torch.equal(saved[0], inputs[:20]) and torch.equal(saved[1], labels[:20])  # the rows still belong together
+    assert saved[0].untyped_storage().nbytes() == 20 * 10 * 4  # the slice, not the storage it is a view of

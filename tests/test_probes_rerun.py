@@ -107,9 +107,9 @@ def test_cpu_rerun_skips_without_a_live_model():
     assert "no live model" in outcome.detail
 
 
-def test_cpu_rerun_skips_a_model_over_the_copy_limit(monkeypatch, tmp_path):
+def test_cpu_rerun_skips_a_device_model_over_the_copy_limit(monkeypatch, tmp_path):
     monkeypatch.setattr(_support, "MAX_COPY_BYTES", 100)
-    model = TextModel()
+    model = TextModel().to("meta")  # stands in for an unreadable CUDA model: its zeros would be made on the CPU
     ctx = _cuda_context(model, (torch.tensor([[1, 2]]), torch.tensor([0])), tmp_path)
     outcome = cpu_rerun(ctx)
     assert outcome.status == "skipped"

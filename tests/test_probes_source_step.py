@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from _probe_fixtures import StateGuard, diagnosis, live_context, raised
+from _probe_fixtures import StateGuard, diagnosis, isolated, live_context, raised
 from triage.probes import source_step
 from triage.probes._support import Unavailable
 from triage.probes.anomaly_rerun import anomaly_rerun
@@ -117,7 +117,7 @@ def test_anomaly_rerun_replays_the_loop_statements_on_copies_and_names_the_in_pl
     assert ctx.batch is None and ctx.model_args is None  # no DataLoader, and the failure is in backward()
     ctx.diagnosis = diagnosis("inplace", "anomaly_rerun")
 
-    outcome = anomaly_rerun(ctx)
+    outcome = isolated(anomaly_rerun, ctx)
 
     assert outcome.status == "confirmed", outcome.detail
     assert f"train_loop.py:{_line(script, 'features.mul_(2)')}: `features.mul_(2)`" in outcome.detail
@@ -160,33 +160,27 @@ def test_a_global_of_another_user_file_reached_through_its_function_is_copied_to
     ctx = live_context(exc)
     ctx.diagnosis = diagnosis("inplace", "anomaly_rerun")
 
-    outcome = anomaly_rerun(ctx)
+    outcome = isolated(anomaly_rerun, ctx)
 
     assert outcome.status == "confirmed", outcome.detail
     assert "`features.mul_(2)`" in outcome.detail
     guard.assert_unchanged()  # HEAD lives in heads.py's globals: the replay's loss_of read a copy of it
 
 
-def test_a_method_that_reads_a_global_module_with_parameters_is_not_replayed(tmp_path):
+def test_steps_that_reach_global_modules_through_methods_are_replayed_in_the_child(tmp_path):
+    """A method that reads a global module, a module's forward that does, a user object held by another: the replay
+    runs them all, and the real modules keep their parameters and gradients (the child owns its own)."""
     path = tmp_path / "scored.py"
     path.write_text(textwrap.dedent('''
         import torch
         from torch import nn
 
         HEAD = nn.Linear(2, 1)
-        CRITERION = nn.MSELoss()
-        model = nn.Linear(2, 2)  # a global only by name: Trainer reads `self.model`
-        calls = iter(())  # the same: fitted() counts `judge.calls`; a replay could not copy an iterator
 
 
         class Judge:
-            calls = 0
-
             def score(self, features):
                 return HEAD(features).sum()
-
-            def fit(self, features):
-                return CRITERION(features, torch.zeros_like(features))
 
 
         def run_score(judge, model, data):
@@ -212,18 +206,6 @@ def test_a_method_that_reads_a_global_module_with_parameters_is_not_replayed(tmp
                 loss.backward()
 
 
-        def fitted(judge, features):
-            judge.calls += 1
-            return judge.fit(features)
-
-
-        def run_fit(judge, model, data):
-            for x in data:
-                features = torch.sigmoid(model(x))
-                features.mul_(2)
-                fitted(judge, features).backward()
-
-
         class Net(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -241,28 +223,18 @@ def test_a_method_that_reads_a_global_module_with_parameters_is_not_replayed(tmp
     '''))
     namespace: dict = {}
     exec(compile(path.read_text(), str(path), "exec"), namespace)
-    model = torch.nn.Linear(2, 2)
-    exc = raised(namespace["run_score"], namespace["Judge"](), model, [torch.randn(3, 2)])
-    step = source_step.find(source_step.user_frames(exc))
-    with pytest.raises(Unavailable, match=r"uses judge \(Judge\), whose method score\(\) reads the global HEAD"):
-        step.namespace(poisoned=False)
-    exc = raised(namespace["run_net"], namespace["Net"](), [torch.randn(3, 2)])
-    step = source_step.find(source_step.user_frames(exc))
-    with pytest.raises(Unavailable, match=r"uses net \(Net\), whose method forward\(\) reads the global HEAD"):
-        step.namespace(poisoned=False)  # calling a module runs its forward
-    exc = raised(namespace["run_trainer"], namespace["Trainer"](model), [torch.randn(3, 2)])
-    step = source_step.find(source_step.user_frames(exc))
-    with pytest.raises(Unavailable, match=r"uses trainer.judge \(Judge\), whose method score\(\) reads the global HEAD"):
-        step.namespace(poisoned=False)  # a user object held by one the step uses
-
-    exc = raised(namespace["run_fit"], namespace["Judge"](), model, [torch.randn(3, 2)])
-    guard = StateGuard(model, namespace["HEAD"], folder=tmp_path)
-    ctx = live_context(exc)
-    ctx.diagnosis = diagnosis("inplace", "anomaly_rerun")
-    outcome = anomaly_rerun(ctx)  # a global loss with no parameters is no reason to refuse
-    assert outcome.status == "confirmed", outcome.detail
-    assert "`features.mul_(2)`" in outcome.detail
-    guard.assert_unchanged()
+    model, net = torch.nn.Linear(2, 2), namespace["Net"]()
+    cases = [(namespace["run_score"], (namespace["Judge"](), model, [torch.randn(3, 2)]), "inplace"),
+             (namespace["run_trainer"], (namespace["Trainer"](model), [torch.randn(3, 2)]), "autograd"),
+             (namespace["run_net"], (net, [torch.randn(3, 2)]), "autograd")]
+    for function, args, category in cases:
+        exc = raised(function, *args)
+        guard = StateGuard(model, net, namespace["HEAD"], folder=tmp_path)
+        ctx = live_context(exc)
+        ctx.diagnosis = diagnosis(category, "anomaly_rerun")
+        outcome = isolated(anomaly_rerun, ctx)
+        assert outcome.status == "confirmed", (function.__name__, outcome.detail)
+        guard.assert_unchanged()
 
 
 def test_an_optimizer_step_between_two_backward_passes_is_named_as_a_parameter_update(script, tmp_path):
@@ -274,7 +246,7 @@ def test_an_optimizer_step_between_two_backward_passes_is_named_as_a_parameter_u
     ctx = live_context(exc)
     ctx.diagnosis = diagnosis("inplace", "anomaly_rerun")
 
-    outcome = anomaly_rerun(ctx)
+    outcome = isolated(anomaly_rerun, ctx)
 
     assert outcome.status == "confirmed", outcome.detail
     assert f"train_loop.py:{_line(script, 'optimizer_d.step()')}: `optimizer_d.step()` updated the parameter " \
@@ -291,7 +263,7 @@ def test_a_model_reached_through_an_object_of_a_user_class_is_copied_too(script,
     step = source_step.find(ctx.frames)
     assert step.lines[0] == _line(script, "gate = torch.sigmoid(holder.model(x))")  # `scale = 2.0` is not re-run
 
-    outcome = anomaly_rerun(ctx)
+    outcome = isolated(anomaly_rerun, ctx)
 
     assert outcome.status == "confirmed", outcome.detail
     assert "`gate.mul_(scale)`" in outcome.detail
@@ -355,66 +327,37 @@ def test_statements_that_cannot_run_outside_their_function_are_refused(tmp_path)
         source_step.find(source_step.user_frames(exc))
 
 
-def test_a_step_that_writes_files_is_not_replayed(tmp_path):
+def test_a_step_that_writes_files_is_replayed_and_writes_nothing(tmp_path):
+    """torch.save in the step, in a function it calls, in a method of an object it uses: python's run wrote each
+    file once; the replay (in the child, where torch.save is stubbed) writes none again."""
     path = tmp_path / "saves.py"
     path.write_text(textwrap.dedent('''
         import torch
 
         def checkpoint(model, folder):
             torch.save(model.state_dict(), folder + "/last.pt")
+            with open(folder + "/log.txt", "a") as log:
+                log.write("saved\\n")
 
         def run_saving(model, data, folder):
             for x in data:
                 out = model(x)
                 torch.save(out, folder + "/out.pt")
-                out.sum().backward()
-                out.sum().backward()
-
-        def run_checkpointing(model, data, folder):
-            for x in data:
-                out = model(x)
                 checkpoint(model, folder)
-                out.sum().backward()
-                out.sum().backward()
-
-        class Trainer:
-            def __init__(self, model, folder):
-                self.model, self.folder = model, folder
-
-            def forward_and_log(self, x):
-                self.log_weights()
-                return self.model(x)
-
-            def log_weights(self):
-                torch.save(self.model.state_dict(), self.folder + "/weights.pt")
-
-            def unused_export(self):
-                torch.save(self.model, self.folder + "/model.pt")
-
-        class QuietTrainer(Trainer):
-            def forward_and_log(self, x):
-                return self.model(x)
-
-        def run_trainer(trainer, data):
-            for x in data:
-                out = trainer.forward_and_log(x)
                 out.sum().backward()
                 out.sum().backward()
     '''))
     namespace: dict = {}
     exec(compile(path.read_text(), str(path), "exec"), namespace)
     model = torch.nn.Linear(2, 2)
-    exc = raised(namespace["run_saving"], model, [torch.randn(1, 2)], str(tmp_path))
-    with pytest.raises(Unavailable, match=r"calls save\(\) at line 10"):
-        source_step.find(source_step.user_frames(exc))
-    exc = raised(namespace["run_checkpointing"], model, [torch.randn(1, 2)], str(tmp_path))
-    step = source_step.find(source_step.user_frames(exc))
-    with pytest.raises(Unavailable, match=r"calls checkpoint\(\), which calls save\(\)"):
-        step.namespace(poisoned=False)
-    exc = raised(namespace["run_trainer"], namespace["Trainer"](model, str(tmp_path)), [torch.randn(1, 2)])
-    step = source_step.find(source_step.user_frames(exc))
-    with pytest.raises(Unavailable, match=r"uses trainer \(Trainer\), whose method log_weights\(\) calls save\(\)"):
-        step.namespace(poisoned=False)
-    exc = raised(namespace["run_trainer"], namespace["QuietTrainer"](model, str(tmp_path)), [torch.randn(1, 2)])
-    step = source_step.find(source_step.user_frames(exc))
-    step.namespace(poisoned=False)  # a method that writes but that the step never calls does not refuse it
+    folder = tmp_path / "out"
+    folder.mkdir()
+    exc = raised(namespace["run_saving"], model, [torch.randn(1, 2)], str(folder))
+    written = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert sorted(written) == ["last.pt", "log.txt", "out.pt"]
+    ctx = live_context(exc)
+    ctx.diagnosis = diagnosis("autograd", "anomaly_rerun")
+    outcome = isolated(anomaly_rerun, ctx)
+    assert outcome.status == "confirmed", outcome.detail
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == written
+    assert outcome.facts["writes_kept_in_the_experiment"] == [f"{folder}/log.txt"]

@@ -376,8 +376,8 @@ def test_a_probe_that_kills_the_process_does_not_change_the_exit_status(tmp_path
     write(tmp_path, "rules/team_probes.py", """\
         import os, signal
 
-        def rerun_the_step(ctx):  # re-runs user code that, this time, takes the whole process down
-            os.kill(os.getpid(), signal.SIGKILL)
+        def rerun_the_step(ctx):  # re-runs user code that, this time, takes its whole process down
+            os.abort()
     """)
     write(tmp_path, "rules/team.yaml", """\
         - id: team.flaky-step
@@ -400,7 +400,10 @@ def test_a_probe_that_kills_the_process_does_not_change_the_exit_status(tmp_path
     result = triage("--rules", "rules", "step.py", cwd=tmp_path, env=env)
     assert result.returncode == expected.returncode == 1
     assert result.stderr.startswith(expected.stderr)
-    assert "triage: internal error while examining the failure: RuntimeError: the process died of SIGKILL" in result.stderr
+    # The probe ran in a disposable child: the child died, the run's report did not.
+    (report,) = tmp_path.glob("triage-reports/*/report.json")
+    (probe,) = [p for d in json.loads(report.read_text())["diagnoses"] for p in d["probes"]]
+    assert probe["status"] == "error" and probe["detail"] == "the experiment's process was killed by SIGABRT"
 
 
 def test_the_parent_never_imports_torch() -> None:

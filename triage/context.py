@@ -21,7 +21,9 @@ class ProbeContext:
     `frames` are the user's live frames at the failure with their lines, innermost
     last (source_step.py replays the failing loop's statements from them).
     `diagnosis` is the hypothesis being tested (set by the probe runner for each
-    probe). Probes must not mutate any of these.
+    probe). A probe that runs user code gets these in a forked child, where they
+    are its own; the probes that run in the user's process (runner.IN_PROCESS)
+    must not mutate any of them.
     """
 
     incident: Incident

@@ -1,21 +1,21 @@
-"""What every probe needs: CPU copies that leave the user's objects alone, RNG guards, time limits.
+"""What every probe needs: the CPU view of the failing step's tensors and modules, and small shared helpers.
 
-The rule every helper here keeps: a probe works on copies, on the CPU, and puts
-back any global state it touched (RNG, grad mode). After an asynchronous CUDA
-error every CUDA call raises, so CUDA tensors are read only when the incident's
-text says the CUDA context is still usable; their shape and dtype (host-side
-metadata) are always safe.
+Probes that run user code run in a disposable child forked at the failure
+(sandbox.py), so they use the user's own objects there: nothing is copied but
+what fork cannot give the child. That is CUDA tensors (CUDA does not survive
+fork: `host_copies` copies the known ones to the host before the fork, within
+MAX_COPY_BYTES) and tensors in shared memory (a DataLoader worker's batch,
+`share_memory_()`), whose writes fork does not isolate. After an asynchronous
+CUDA error every CUDA call raises, so CUDA tensors are read only when the
+incident's text says the CUDA context is still usable; their shape and dtype
+(host-side metadata) are always safe.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import random
 import re
-import sys
-import threading
-import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -28,8 +28,10 @@ from ..diagnosis import ProbeResult
 from ..incident import is_user_path
 from .context import ProbeContext
 
-# Largest model (parameters and buffers) a probe copies to the CPU.
+# Most bytes of device tensors copied to the host before an experiment (or of zeros standing in for unreadable ones).
 MAX_COPY_BYTES = 2 * 1024**3
+# Host copies of the context's CUDA tensors, by id, made by `host_copies` before the fork.
+HOST_COPIES: dict[int, torch.Tensor] = {}
 
 _POISONING = re.compile(
     r"device-side assert|CUDA error: (?!out of memory)|illegal memory access|misaligned address"
@@ -56,126 +58,6 @@ def cuda_poisoned(ctx: ProbeContext) -> bool:
     if any(_POISONING.search(text) for text in texts if text):
         return True
     return any(_KERNEL_ASSERT.search(line) for line in incident.log_lines)
-
-
-@contextlib.contextmanager
-def preserved_state() -> Iterator[None]:
-    """Put back Python, NumPy and torch (CPU) RNG states and grad mode, whatever happens inside."""
-    python_state = random.getstate()
-    numpy = sys.modules.get("numpy")
-    numpy_state = numpy.random.get_state() if numpy is not None else None
-    torch_state = torch.get_rng_state()
-    grad_enabled = torch.is_grad_enabled()
-    anomaly = torch.is_anomaly_enabled()
-    try:
-        yield
-    finally:
-        random.setstate(python_state)
-        if numpy_state is not None:
-            numpy.random.set_state(numpy_state)
-        torch.set_rng_state(torch_state)
-        torch.set_grad_enabled(grad_enabled)
-        torch.set_anomaly_enabled(anomaly)
-
-
-@contextlib.contextmanager
-def tracker_paused() -> Iterator[None]:
-    """Keep probe work (DataLoader iteration, forward passes) out of the live Tracker's counters."""
-    from ..tracking import TRACKER
-
-    TRACKER.suspended += 1
-    try:
-        yield
-    finally:
-        TRACKER.suspended -= 1
-
-
-# ---------------------------------------------------------------------------- time limits
-
-
-class ProbeTimeout(BaseException):
-    """Raised inside a probe running on the main thread when its time limit is up.
-
-    A BaseException, so that a probe's `except Exception` around the user's code
-    cannot take the time limit for a finding.
-    """
-
-
-@dataclass
-class Outcome:
-    """What a call under a time limit did: its value, or its exception, or that it ran out of time."""
-
-    value: Any = None
-    error: BaseException | None = None
-    timed_out: bool = False
-    seconds: float = 0.0
-    stack: list[traceback.FrameSummary] | None = None  # where a timed-out call was
-
-
-def call_with_time_limit(fn: Callable[[], Any], seconds: float, preempt: bool = True) -> Outcome:
-    """Run fn() for at most `seconds`.
-
-    On the main thread (with `preempt`), SIGALRM raises ProbeTimeout inside fn, so
-    nothing keeps running afterwards; the user's own alarm is put back. Elsewhere fn
-    runs on a daemon thread that is abandoned when late (it works on copies only).
-    """
-    import signal
-
-    start = time.monotonic()
-    seconds = max(float(seconds), 0.001)
-    main = threading.current_thread() is threading.main_thread()
-    if preempt and main and hasattr(signal, "setitimer"):
-        return _call_with_alarm(fn, seconds, start)
-    return _call_on_thread(fn, seconds, start)
-
-
-def _call_with_alarm(fn: Callable[[], Any], seconds: float, start: float) -> Outcome:
-    import signal
-
-    def on_alarm(signum, frame):
-        raise ProbeTimeout(f"time limit of {seconds:g} s reached")
-
-    previous_handler = signal.signal(signal.SIGALRM, on_alarm)
-    previous_timer = signal.setitimer(signal.ITIMER_REAL, seconds)
-    outcome = Outcome()
-    try:
-        outcome.value = fn()
-    except ProbeTimeout as exc:
-        outcome.timed_out = True
-        outcome.stack = traceback.extract_tb(exc.__traceback__)
-    except BaseException as exc:  # noqa: BLE001 - a probe's failure is a result, not a crash
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        outcome.error = exc
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous_handler)
-        elapsed = time.monotonic() - start
-        if previous_timer[0] > 0:
-            signal.setitimer(signal.ITIMER_REAL, max(previous_timer[0] - elapsed, 0.001), previous_timer[1])
-    outcome.seconds = time.monotonic() - start
-    return outcome
-
-
-def _call_on_thread(fn: Callable[[], Any], seconds: float, start: float) -> Outcome:
-    outcome = Outcome()
-
-    def target() -> None:
-        try:
-            outcome.value = fn()
-        except BaseException as exc:  # noqa: BLE001
-            outcome.error = exc
-
-    worker = threading.Thread(target=target, name="triage-probe", daemon=True)
-    worker.start()
-    worker.join(seconds)
-    outcome.seconds = time.monotonic() - start
-    if worker.is_alive():
-        outcome.timed_out = True
-        frame = sys._current_frames().get(worker.ident)
-        outcome.stack = traceback.extract_stack(frame) if frame is not None else None
-        outcome.value, outcome.error = None, None
-    return outcome
 
 
 def innermost_user_frame(stack: list[traceback.FrameSummary] | None) -> traceback.FrameSummary | None:
@@ -224,16 +106,62 @@ def describe(tensor: torch.Tensor) -> str:
 
 
 def readable(tensor: torch.Tensor, poisoned: bool) -> bool:
-    """Whether a tensor's values can be read without a CUDA call that would raise."""
+    """Whether a tensor's values can be read without a CUDA call that would raise (none can in a forked child,
+    except through the host copies made before the fork)."""
     if tensor.device.type == "meta":
         return False
-    return tensor.device.type == "cpu" or not poisoned
+    if tensor.device.type == "cpu":
+        return True
+    from .sandbox import in_sandbox
+
+    return id(tensor) in HOST_COPIES if in_sandbox() else not poisoned
 
 
 def to_cpu(tensor: torch.Tensor) -> torch.Tensor:
-    """A detached CPU copy that shares nothing with the original."""
+    """The tensor's values on the CPU, detached: itself for a CPU tensor (in an experiment's child, fork keeps the
+    user's own safe), a private copy for one in shared memory, the host copy for a device tensor."""
     out = tensor.detach()
-    return out.clone() if out.device.type == "cpu" else out.to("cpu")
+    if out.device.type == "cpu":
+        return out.clone() if out.is_shared() else out
+    host = HOST_COPIES.get(id(tensor))
+    return host if host is not None else out.to("cpu")
+
+
+def _known_tensors(ctx: ProbeContext) -> Iterator[torch.Tensor]:
+    """The tensors of the failing step a probe may read: the modules', the batch and the calls' arguments."""
+    for owner in (ctx.model, ctx.module, ctx.loss_fn):
+        if isinstance(owner, nn.Module):
+            for module in owner.modules():
+                yield from (t for t in module._parameters.values() if t is not None)
+                yield from (t for t in module._buffers.values() if t is not None)
+                yield from (v for v in vars(module).values() if isinstance(v, torch.Tensor))
+    for value in (ctx.batch, ctx.model_args, ctx.model_kwargs, ctx.module_args, ctx.module_kwargs, ctx.loss_args,
+                  ctx.loss_kwargs):
+        yield from (t for _, t in iter_tensors(value))
+
+
+@contextlib.contextmanager
+def host_copies(ctx: ProbeContext, poisoned: bool) -> Iterator[list[str]]:
+    """Copy the context's CUDA tensors to the host for the experiment forked inside (and drop them after).
+
+    After an asynchronous CUDA error nothing is copied: the child uses zeros or the CPU batch instead. Past
+    MAX_COPY_BYTES nothing is copied either, and the experiment says the model is too large to copy."""
+    notes: list[str] = []
+    device = {id(t): t for t in _known_tensors(ctx) if t.device.type not in ("cpu", "meta")}
+    size = sum(t.numel() * t.element_size() for t in device.values())
+    if device and poisoned:
+        notes.append("the device's tensors are unreadable after the CUDA error")
+    elif device and size > MAX_COPY_BYTES:
+        notes.append(f"the step's device tensors take {size / 1024**3:.1f} GB, over the "
+                     f"{MAX_COPY_BYTES / 1024**3:.0f} GB copied to the host")
+    elif device:
+        with torch.no_grad():
+            for key, tensor in device.items():
+                HOST_COPIES[key] = tensor.detach().to("cpu")
+    try:
+        yield notes
+    finally:
+        HOST_COPIES.clear()
 
 
 def map_structure(obj: Any, leaf: Callable[[torch.Tensor, str], Any], path: str = "") -> Any:
@@ -273,7 +201,7 @@ class Inputs:
 
 
 def cpu_inputs(args: tuple, kwargs: dict[str, Any], batch: Any, poisoned: bool) -> Inputs:
-    """CPU copies of a call's arguments.
+    """A call's arguments on the CPU (the tensors themselves, in an experiment's child; see to_cpu).
 
     A tensor that cannot be read (on a poisoned device) is recovered from the
     CPU batch the DataLoader yielded, matched by shape: that is the data the
@@ -292,7 +220,7 @@ def cpu_inputs(args: tuple, kwargs: dict[str, Any], batch: Any, poisoned: bool) 
         for batch_path, candidate in candidates:
             if tuple(candidate.shape) == tuple(tensor.shape):
                 notes.append(f"{path} taken from the batch's {batch_path} (the CPU copy of {describe(tensor)})")
-                return candidate.detach().to(tensor.dtype, copy=True)
+                return to_cpu(candidate).to(tensor.dtype)
         if tensor.is_floating_point() or tensor.is_complex():
             notes.append(f"{path} ({describe(tensor)}) unreadable on the device; zeros used")
             return torch.zeros(tensor.shape, dtype=tensor.dtype)
@@ -315,10 +243,6 @@ def module_bytes(module: nn.Module) -> int:
     return total
 
 
-def _triage_hook(hook: Any) -> bool:
-    return bool(getattr(hook, "_triage_hook", False))
-
-
 @dataclass
 class ModuleCopy:
     """A CPU copy of a user module, and whether its weights are the real ones."""
@@ -330,19 +254,21 @@ class ModuleCopy:
 
 def cpu_copy(module: nn.Module, poisoned: bool, max_bytes: int | None = None, device: str = "cpu",
              memo: dict[int, Any] | None = None) -> ModuleCopy:
-    """A deep copy of `module` with every parameter, buffer and tensor attribute on `device`.
+    """`module` with every parameter, buffer and tensor attribute on the CPU (or on `meta`, for shapes only).
 
-    Tensors are mapped straight to the target device through deepcopy's memo, so a
-    CUDA model is never duplicated on the GPU. On a poisoned device (or on `meta`)
-    the weights cannot be read: the copy gets zeros of the same shapes, which is
-    enough to replay index and shape errors. triage's own hooks are dropped from
-    the copy so that probe runs never feed the live Tracker. Copies made with one
-    `memo` share what their originals share.
+    In an experiment's child a CPU module is used as it is: fork made it the child's own. Otherwise it is
+    deep-copied with its tensors mapped through deepcopy's memo: to their host copies (see host_copies), to
+    zeros of the same shapes where the device cannot be read (after a CUDA error; enough to replay index and
+    shape errors), to private copies where they sit in shared memory. Copies made with one `memo` share what
+    their originals share.
     """
+    tensors = _module_tensors(module)
+    if device == "cpu" and all(t.device.type == "cpu" and not t.is_shared() for t in tensors):
+        return ModuleCopy(module, True, "the model itself, in the experiment's own process")
     max_bytes = MAX_COPY_BYTES if max_bytes is None else max_bytes
-    size = module_bytes(module)
+    size = sum(t.numel() * t.element_size() for t in tensors if t.device.type != "cpu" or t.is_shared())
     if device != "meta" and size > max_bytes:
-        raise Unavailable(f"the model has {size / 1024**3:.1f} GB of parameters and buffers, over the "
+        raise Unavailable(f"the model has {size / 1024**3:.1f} GB of parameters and buffers off the CPU, over the "
                           f"{max_bytes / 1024**3:.0f} GB a probe copies")
     memo = {} if memo is None else memo
     zeros = False
@@ -351,34 +277,38 @@ def cpu_copy(module: nn.Module, poisoned: bool, max_bytes: int | None = None, de
         nonlocal zeros
         if device == "meta":
             return torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+        if tensor.device.type == "cpu":
+            return tensor.detach().clone() if tensor.is_shared() else tensor.detach()
         if readable(tensor, poisoned):
-            return tensor.detach().to(device, copy=True)
+            return to_cpu(tensor)
         zeros = True
-        return torch.zeros(tensor.shape, dtype=tensor.dtype, device=device)
+        return torch.zeros(tensor.shape, dtype=tensor.dtype)
 
     for sub in module.modules():
-        for name, param in sub._parameters.items():
+        for param in sub._parameters.values():
             if param is not None and id(param) not in memo:
                 memo[id(param)] = nn.Parameter(clone(param), requires_grad=param.requires_grad)
-        for name, buf in sub._buffers.items():
-            if buf is not None and id(buf) not in memo:
-                memo[id(buf)] = clone(buf)
-        for name, value in vars(sub).items():
+        for value in [*sub._buffers.values(), *vars(sub).values()]:
             if isinstance(value, torch.Tensor) and id(value) not in memo:
                 memo[id(value)] = clone(value)
     with torch.no_grad():
         copied = copy.deepcopy(module, memo)
-    for sub in copied.modules():
-        for hooks in (sub._forward_pre_hooks, sub._forward_hooks):
-            for key in [k for k, h in hooks.items() if _triage_hook(h)]:
-                del hooks[key]
     if device == "meta":
         note = "shapes only (meta tensors)"
     elif zeros:
         note = "weights unreadable (after a CUDA error, or on the meta device): zeros of the same shapes used"
     else:
-        note = "weights copied"
+        note = "weights copied to the CPU"
     return ModuleCopy(copied, not zeros and device != "meta", note)
+
+
+def _module_tensors(module: nn.Module) -> list[torch.Tensor]:
+    found: dict[int, torch.Tensor] = {}
+    for sub in module.modules():
+        for value in [*sub._parameters.values(), *sub._buffers.values(), *vars(sub).values()]:
+            if isinstance(value, torch.Tensor):
+                found[id(value)] = value
+    return list(found.values())
 
 
 def module_names(root: nn.Module | None) -> dict[int, str]:

@@ -24,8 +24,7 @@ from torch.overrides import TorchFunctionMode
 from ..diagnosis import ProbeResult
 from ..incident import is_user_path
 from ..logparse import side_stack_in_text
-from ._support import (Unavailable, cuda_poisoned, exception_line, iter_tensors, preserved_state, result,
-                       tracker_paused)
+from ._support import Unavailable, cuda_poisoned, exception_line, iter_tensors, result
 from . import source_step
 from .context import ProbeContext
 from .step import Step, call, first_tensor, rebuild
@@ -116,37 +115,33 @@ def anomaly_rerun(ctx: ProbeContext) -> ProbeResult:
     try:
         step = rebuild(ctx, poisoned)
     except Unavailable as exc:
-        return _rerun_from_source(ctx, poisoned, str(exc))
+        return _rerun_from_source(ctx, str(exc))
     if step.model is None and step.failing_call is None:
         return result(NAME, "skipped", "no module to replay")
     root = step.model.module if step.model else step.failing_call.fn
     weights = "" if step.model is None or step.model.real_weights else f" ({step.model.note})"
-    with preserved_state(), tracker_paused():
-        observed = _replay([("", root)], lambda seen, log: _run_rebuilt(step, seen, log))
+    observed = _replay([("", root)], lambda seen, log: _run_rebuilt(step, seen, log))
     return _verdict(ctx, observed, weights)
 
 
-def _rerun_from_source(ctx: ProbeContext, poisoned: bool, why_not_rebuilt: str) -> ProbeResult:
-    """The failing loop's own statements, replayed on copies, when the model's inputs are unknown."""
+def _rerun_from_source(ctx: ProbeContext, why_not_rebuilt: str) -> ProbeResult:
+    """The failing loop's own statements, replayed in the experiment's child, when the model's inputs are unknown."""
     try:
         source = source_step.find(ctx.frames)
-        with preserved_state(), tracker_paused():
-            namespace, modules = source.namespace(poisoned)
-            if not modules:
-                raise Unavailable(f"the step at {source.where} uses no module")
+        namespace, modules = source.namespace()
+        if not modules:
+            raise Unavailable(f"the step at {source.where} uses no module")
 
-            def run(seen: Observed, log: OpLog) -> None:
-                seen.stage = "step"
-                with log:
-                    source.run(namespace)
+        def run(seen: Observed, log: OpLog) -> None:
+            seen.stage = "step"
+            with log:
+                source.run(namespace)
 
-            observed = _replay([(name, copied.module) for name, copied in modules], run)
+        observed = _replay(modules, run)
     except Unavailable as exc:
         return result(NAME, "skipped", f"{why_not_rebuilt}; {exc}")
     observed.replayed = f"the step at {source.where}"
-    unread = [copied.note for _, copied in modules if not copied.real_weights]
-    weights = f" ({unread[0]})" if unread else ""
-    return _verdict(ctx, observed, weights)
+    return _verdict(ctx, observed, "")
 
 
 @dataclass

@@ -14,8 +14,8 @@ import traceback
 import torch
 
 from ..diagnosis import ProbeResult
-from ._support import (Unavailable, cuda_poisoned, display_name, exception_line, innermost_user_frame,
-                       preserved_state, result, tracker_paused, where)
+from ._support import (Unavailable, cuda_poisoned, display_name, exception_line, innermost_user_frame, result,
+                       where)
 from .calls import module_calls
 from .context import ProbeContext
 from .step import Call, ModelOutput, Step, call, rebuild
@@ -33,7 +33,7 @@ def cpu_rerun(ctx: ProbeContext) -> ProbeResult:
     notes = [n for c in calls for n in c.inputs.notes]
     missing = [m for c in calls for m in c.inputs.missing]
     ran: list[str] = []
-    with preserved_state(), tracker_paused(), torch.no_grad():
+    with torch.no_grad():
         output = None
         for c in calls:
             try:

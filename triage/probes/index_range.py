@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 from ..diagnosis import ProbeResult
-from ._support import (Unavailable, cuda_poisoned, describe, iter_tensors, module_names, preserved_state, readable,
-                       result, tracker_paused)
+from ._support import Unavailable, cuda_poisoned, describe, iter_tensors, module_names, readable, result
 from .context import ProbeContext
 from .step import ModelOutput, call, first_tensor, rebuild
 
@@ -58,7 +57,7 @@ def index_range(ctx: ProbeContext) -> ProbeResult:
     poisoned = cuda_poisoned(ctx)
     checks: list[Check] = []
     notes: list[str] = []
-    with preserved_state(), tracker_paused(), torch.no_grad():
+    with torch.no_grad():
         try:
             checks = _replayed_checks(ctx, poisoned, notes)
         except Unavailable as exc:

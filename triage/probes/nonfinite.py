@@ -1,4 +1,4 @@
-"""Where a NaN/Inf first appears in a forward pass: run once on CPU copies with a hook on every module.
+"""Where a NaN/Inf first appears in a forward pass: run once in a disposable child with a hook on every module.
 
 Used by the wrapper when it turns a non-finite loss or gradient into an
 incident: the per-step check is a single scalar, and only this one-off replay
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ._support import Unavailable, iter_tensors, preserved_state, tracker_paused
+from ._support import Unavailable, iter_tensors
 from .context import ProbeContext
 from .step import ModelOutput, call, rebuild
 
@@ -57,12 +57,21 @@ def nonfinite_gradients(model_or_params, limit: int = 20) -> list[str]:
 
 
 def trace_forward(ctx: ProbeContext) -> NonFiniteTrace:
-    """Replay the model's last call on CPU copies and name the first module whose output is not finite."""
-    found = NonFiniteTrace()
+    """Replay the model's last call in an experiment's child and name the first module whose output is not finite."""
+    from .runner import run_isolated
+
     if not isinstance(ctx.model, nn.Module):
-        found.note = "no model to trace"
-        return found
-    found.parameters = nonfinite_parameters(ctx.model)
+        return NonFiniteTrace(note="no model to trace")
+    parameters = nonfinite_parameters(ctx.model)
+    outcome = run_isolated(lambda: _trace_forward(ctx), ctx, ctx.time_limit_s)
+    found = outcome.value if isinstance(outcome.value, NonFiniteTrace) else NonFiniteTrace(
+        note=outcome.reason or outcome.error or "the replay returned nothing")
+    found.parameters = parameters
+    return found
+
+
+def _trace_forward(ctx: ProbeContext) -> NonFiniteTrace:
+    found = NonFiniteTrace()
     try:
         step = rebuild(ctx, poisoned=False, with_failing=False)
     except Unavailable as exc:
@@ -88,7 +97,7 @@ def trace_forward(ctx: ProbeContext) -> NonFiniteTrace:
     handles = [m.register_forward_hook(hook) for m in step.model.module.modules()]
     log = OpLog()
     try:
-        with preserved_state(), tracker_paused(), torch.no_grad(), log:
+        with torch.no_grad(), log:
             output = call(step.model_call)
             if step.loss_call is not None:
                 loss = call(step.loss_call, output if any(a is ModelOutput for a in step.loss_call.inputs.args)

@@ -1,10 +1,12 @@
-"""Run the probes the diagnoses name, each under a time limit, and re-rank the diagnoses by what they found.
+"""Run the probes the diagnoses name, each in a disposable child under a time limit, and re-rank the diagnoses.
 
 `context_from_failure` builds the ProbeContext from an exception and the live
 Tracker; `run_probes` fills each diagnosis's `probes` and moves confirmed
-hypotheses up and refuted ones down. Nothing a probe does escapes as an
+hypotheses up and refuted ones down. A probe that runs user code runs in a
+child forked at the failure (sandbox.py), so nothing it does reaches the
+user's objects, files or exit status. Nothing a probe does escapes as an
 exception: a probe that raises, cannot be loaded or runs out of time is a
-result with status `error`.
+result with status `error`; one that runs out of memory is `inconclusive`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import dataclasses
 import importlib
 import os
 import time
-import traceback
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -27,8 +28,11 @@ from .context import ProbeContext
 NEUTRAL = frozenset({"save_batch"})
 
 
-def run_probes(diagnoses: list[Diagnosis], ctx: ProbeContext, *, on_result: Callable[[], None] | None = None) -> None:
-    """Run every probe each diagnosis names (once per probe and hypothesis), then re-rank `diagnoses` in place."""
+def run_probes(diagnoses: list[Diagnosis], ctx: ProbeContext, *,
+               on_result: Callable[[], None] | None = None) -> None:
+    """Run every probe each diagnosis names (once per probe and hypothesis), then re-rank `diagnoses` in place.
+
+    `on_result` is called after each result is recorded (to rewrite the report as the experiments go)."""
     start = time.monotonic()
     done: dict[tuple, ProbeResult] = {}
     for diagnosis in diagnoses:
@@ -36,16 +40,16 @@ def run_probes(diagnoses: list[Diagnosis], ctx: ProbeContext, *, on_result: Call
             key = (name, diagnosis.category, _values_key(diagnosis.values))
             if key in done:
                 diagnosis.probes.append(dataclasses.replace(done[key]))
-                continue
-            remaining = ctx.total_time_s - (time.monotonic() - start)
-            if remaining <= 0.05:
-                outcome = ProbeResult(name, "skipped", f"the probes' time budget of {ctx.total_time_s:g} s is spent")
             else:
-                outcome = run_probe(name, dataclasses.replace(ctx, diagnosis=diagnosis),
-                                    min(ctx.time_limit_s, remaining))
-            done[key] = outcome
-            diagnosis.probes.append(outcome)
-            if on_result:
+                remaining = ctx.total_time_s - (time.monotonic() - start)
+                if remaining <= 0.05:
+                    outcome = ProbeResult(name, "skipped", f"the probes' time budget of {ctx.total_time_s:g} s is spent")
+                else:
+                    outcome = run_probe(name, dataclasses.replace(ctx, diagnosis=diagnosis),
+                                        min(ctx.time_limit_s, remaining))
+                done[key] = outcome
+                diagnosis.probes.append(outcome)
+            if on_result is not None:
                 on_result()
     rerank(diagnoses)
 
@@ -81,39 +85,89 @@ def rerank(diagnoses: list[Diagnosis]) -> None:
     diagnoses.sort(key=weight)
 
 
+# Probes that call no user code run in this process: they read metadata, the CUDA allocator's counters (which a
+# forked child cannot read) or write the batch into the report folder. Every other probe, custom ones included,
+# runs in a disposable child (sandbox.py).
+IN_PROCESS = frozenset({"save_batch", "device_census", "dtype_census", "memory_breakdown"})
+
+
 def run_probe(name: str, ctx: ProbeContext, limit_s: float) -> ProbeResult:
-    """One probe under a time limit; whatever happens, a ProbeResult."""
+    """One probe, in a disposable child under a time limit (or here, for IN_PROCESS); whatever happens, a ProbeResult."""
+    from . import sandbox
+
     started = time.monotonic()
     try:
         function = load(name)
     except Exception as exc:
         return ProbeResult(name, "error", f"cannot load the probe: {type(exc).__name__}: {exc}",
                            seconds=time.monotonic() - started)
-    try:
-        from ._support import call_with_time_limit
+    if name in IN_PROCESS:
+        outcome = sandbox.call_here(lambda: function(ctx))
+    else:
+        outcome = run_isolated(lambda: function(ctx), ctx, limit_s)
+    return _result(name, outcome, limit_s)
 
-        outcome = call_with_time_limit(lambda: function(ctx), limit_s)
-    except Exception as exc:  # the time-limit machinery itself failed (e.g. no torch)
-        return ProbeResult(name, "error", f"cannot run the probe: {type(exc).__name__}: {exc}",
-                           seconds=time.monotonic() - started)
-    if outcome.timed_out:
-        from ._support import innermost_user_frame, where
 
+def run_isolated(fn: Callable[[], Any], ctx: ProbeContext, limit_s: float) -> Any:
+    """fn() in a disposable child (sandbox.Outcome), with the context's CUDA tensors copied to the host first:
+    CUDA cannot be used in a forked child. The report folder is the one place outside its own it may write."""
+    from . import sandbox
+    from ._support import cuda_poisoned, host_copies
+
+    if not sandbox.fork_available():
+        return sandbox.run(fn, limit_s)  # says why not
+    allowed = [str(ctx.report_dir)] if ctx.report_dir is not None else []
+    if ctx.report_dir is not None:
+        try:
+            Path(ctx.report_dir).mkdir(parents=True, exist_ok=True)
+        except OSError:
+            allowed = []
+    with host_copies(ctx, cuda_poisoned(ctx)):
+        return sandbox.run(lambda: _quietly(fn, ctx), limit_s, allowed=allowed)
+
+
+def _quietly(fn: Callable[[], Any], ctx: ProbeContext) -> Any:
+    """In the child: triage's own hooks and the Tracker's listeners (the heartbeat is shared memory) stay out of it."""
+    from ..tracking import TRACKER
+
+    TRACKER.suspended += 1
+    TRACKER.listeners = []
+    for owner in (ctx.model, ctx.module, ctx.loss_fn):
+        for module in owner.modules() if hasattr(owner, "modules") and callable(owner.modules) else ():
+            for hooks in (getattr(module, "_forward_pre_hooks", {}), getattr(module, "_forward_hooks", {})):
+                for key in [k for k, h in hooks.items() if getattr(h, "_triage_hook", False)]:
+                    del hooks[key]
+    return fn()
+
+
+def _result(name: str, outcome: Any, limit_s: float) -> ProbeResult:
+    """A sandbox.Outcome as the probe's result."""
+    from ._support import innermost_user_frame, where
+
+    if outcome.stopped == "time":
         frame = innermost_user_frame(outcome.stack) or (outcome.stack[-1] if outcome.stack else None)
         at = f" (it was at {where(frame)})" if frame else ""
         return ProbeResult(name, "error", f"stopped at its time limit of {limit_s:.3g} s{at}", seconds=outcome.seconds)
+    if outcome.stopped == "unavailable":
+        return ProbeResult(name, "skipped", outcome.reason, seconds=outcome.seconds)
+    if outcome.stopped is not None:
+        status = "inconclusive" if outcome.stopped == "memory" else "error"
+        return ProbeResult(name, status, outcome.reason, seconds=outcome.seconds)
     if outcome.error is not None:
-        exc = outcome.error
-        facts = {"traceback": "".join(traceback.format_exception(exc))[-4000:]} if os.environ.get("TRIAGE_DEBUG") else {}
-        first_line = str(exc).strip().split("\n", 1)[0]
-        detail = f"the probe failed: {type(exc).__name__}" + (f": {first_line}" if first_line else "")
-        return ProbeResult(name, "error", detail, facts=facts, seconds=outcome.seconds)
+        facts = {"traceback": outcome.error_traceback[-4000:]} if os.environ.get("TRIAGE_DEBUG") else {}
+        return ProbeResult(name, "error", f"the probe failed: {outcome.error}", facts=facts, seconds=outcome.seconds)
     value = outcome.value
     if not isinstance(value, ProbeResult) or value.status not in PROBE_STATUSES:
         return ProbeResult(name, "error", f"the probe returned {type(value).__name__}, not a ProbeResult with a "
                            f"status in {PROBE_STATUSES}", seconds=outcome.seconds)
     value.seconds = outcome.seconds
     value.name = value.name or name
+    if outcome.redirected:
+        value.facts["writes_kept_in_the_experiment"] = outcome.redirected[:20]
+    if outcome.refused:
+        value.facts["refused"] = outcome.refused[:20]
+        if value.status not in ("confirmed", "refuted") and "triage's experiment refused" not in value.detail:
+            value.detail += f" (the experiment was not allowed to {'; '.join(outcome.refused[:3])})"
     return value
 
 

@@ -20,14 +20,16 @@ import torch
 
 from ..diagnosis import ProbeResult
 from . import source_step
-from ._support import Unavailable, cuda_poisoned, describe, iter_tensors, no_batch_hint, readable, result, to_cpu
+from ._support import Unavailable, cuda_poisoned, describe, iter_tensors, no_batch_hint, readable, result
 from .context import ProbeContext
 
 NAME = "save_batch"
 FORMAT = "triage.batch/1"
 FILENAME = "batch.pt"  # a DataLoader's batch: `--replay` feeds it to the script
 INPUTS_FILENAME = "step_inputs.pt"  # the failing step's inputs when no DataLoader gave them: loadable, not replayable
-SAVE_LIMIT_BYTES = 1024**3
+# The most bytes of tensors saved (and read back to check). A larger batch is cut to its first rows, every
+# tensor of the batch's size alike, so that the rows still belong together.
+SAVE_LIMIT_BYTES = 128 * 1024**2
 _PLAIN = (int, float, bool, str, bytes, type(None))
 
 
@@ -43,21 +45,41 @@ def rng_states(include_cuda: bool) -> dict[str, Any]:
     return states
 
 
-def _plain(obj: Any, path: str, poisoned: bool, dropped: list[str], depth: int = 0, budget: list[int] | None = None
-           ) -> Any:
-    """A copy of the batch made only of what weights_only loading accepts, within `budget` bytes of tensors."""
+def _rows_kept(batch: Any) -> tuple[int, int] | None:
+    """(batch size, rows to keep) when the batch's tensors are over SAVE_LIMIT_BYTES; None when they fit."""
+    tensors = [t for _, t in iter_tensors(batch)]
+    total = sum(t.numel() * t.element_size() for t in tensors)
+    if total <= SAVE_LIMIT_BYTES:
+        return None
+    sizes = [t.shape[0] for t in tensors if t.dim() >= 1]
+    rows = max(set(sizes), key=sizes.count) if sizes else 0
+    return (rows, max(int(rows * SAVE_LIMIT_BYTES / total), 1)) if rows > 1 else None
+
+
+def _plain(obj: Any, path: str, poisoned: bool, dropped: list[str], depth: int = 0, budget: list[int] | None = None,
+           rows: tuple[int, int] | None = None) -> Any:
+    """A copy of the batch made only of what weights_only loading accepts, within `budget` bytes of tensors;
+    `rows` = (batch size, rows kept) cuts every tensor of the batch's size to its first rows."""
     budget = [SAVE_LIMIT_BYTES] if budget is None else budget
     if isinstance(obj, torch.Tensor):
         if not readable(obj, poisoned):
             dropped.append(f"{path}: {describe(obj)} unreadable after the CUDA error")
             return None
-        size = obj.numel() * obj.element_size()
+        tensor = obj.detach()
+        if rows is not None and tensor.dim() >= 1 and tensor.shape[0] == rows[0]:
+            tensor = tensor[:rows[1]]
+            dropped.append(f"{path}: {describe(obj)} cut to its first {rows[1]} of {rows[0]} rows, to keep the "
+                           f"batch under the {SAVE_LIMIT_BYTES / 1024**2:.0f} MB saved")
+        size = tensor.numel() * tensor.element_size()
         if size > budget[0]:
             dropped.append(f"{path}: {describe(obj)} ({size / 1024**2:.0f} MB) over what is left of the "
                            f"{SAVE_LIMIT_BYTES / 1024**2:.0f} MB saved")
             return None
         budget[0] -= size
-        return to_cpu(obj)
+        if tensor.device.type != "cpu":
+            return tensor.to("cpu")
+        # torch.save writes a view's whole storage: a slice (or any view) is saved as a tensor of its own.
+        return tensor.clone() if tensor.untyped_storage().nbytes() > size else tensor
     if isinstance(obj, _PLAIN):
         return obj
     if depth > 8:
@@ -66,12 +88,13 @@ def _plain(obj: Any, path: str, poisoned: bool, dropped: list[str], depth: int =
     if isinstance(obj, dict) or (hasattr(obj, "items") and hasattr(obj, "keys")):
         if type(obj) is not dict:
             dropped.append(f"{path}: {type(obj).__name__} saved as a dict")
-        return {k if isinstance(k, _PLAIN) else str(k): _plain(v, f"{path}[{k!r}]", poisoned, dropped, depth + 1, budget)
+        return {k if isinstance(k, _PLAIN) else str(k): _plain(v, f"{path}[{k!r}]", poisoned, dropped, depth + 1, budget,
+                                                               rows)
                 for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         if isinstance(obj, tuple) and hasattr(obj, "_fields"):
             dropped.append(f"{path}: {type(obj).__name__} saved as a tuple")
-        items = [_plain(v, f"{path}[{i}]", poisoned, dropped, depth + 1, budget) for i, v in enumerate(obj)]
+        items = [_plain(v, f"{path}[{i}]", poisoned, dropped, depth + 1, budget, rows) for i, v in enumerate(obj)]
         return items if isinstance(obj, list) else tuple(items)
     dropped.append(f"{path}: {type(obj).__name__} not saved")
     return None
@@ -88,13 +111,13 @@ def save_batch(ctx: ProbeContext) -> ProbeResult:
         filename = INPUTS_FILENAME  # not a DataLoader's batch: a replay would have nothing to feed it to
     poisoned = cuda_poisoned(ctx)
     dropped: list[str] = []
-    plain = _plain(batch, "batch", poisoned, dropped, budget=[SAVE_LIMIT_BYTES])
+    plain = _plain(batch, "batch", poisoned, dropped, budget=[SAVE_LIMIT_BYTES], rows=_rows_kept(batch))
     payload = {"format": FORMAT, "batch": plain, "source": source, "batch_index": ctx.batch_index, "step": ctx.step,
                "rng": rng_states(include_cuda=not poisoned), "dropped": dropped}
     path = Path(ctx.report_dir) / filename
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(payload, path)
-    loaded = torch.load(path, weights_only=True)
+    loaded = torch.load(path, weights_only=True, mmap=True)  # read back from the file, not into a second copy
     if not _same(plain, loaded["batch"]):
         return result(NAME, "error", f"{path} does not read back as saved", artifacts=[str(path)])
     tensors = list(iter_tensors(plain))
@@ -102,7 +125,7 @@ def save_batch(ctx: ProbeContext) -> ProbeResult:
     more = f" and {len(tensors) - 4} more" if len(tensors) > 4 else ""
     where = f"batch {ctx.batch_index}" if ctx.batch_index is not None else "the batch"
     step = f" (step {ctx.step})" if ctx.step is not None else ""
-    lost = f"; not saved: {'; '.join(dropped[:3])}" if dropped else ""
+    lost = f"; not saved as it was: {'; '.join(dropped[:3])}" if dropped else ""
     size = f"({path.stat().st_size / 1024:.0f} KB)"
     if filename == FILENAME:
         saved = f"{where}{step} from {source}"

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..diagnosis import ProbeResult
 from ._support import (Unavailable, cuda_poisoned, exception_line, innermost_user_frame, iter_tensors, module_bytes,
-                       preserved_state, result, tracker_paused, where)
+                       result, where)
 from .calls import module_calls
 from .context import ProbeContext
 from .step import ModelOutput, Step, call, first_tensor, rebuild
@@ -65,7 +65,7 @@ def shape_trace(ctx: ProbeContext) -> ProbeResult:
     except Unavailable as exc:
         return result(NAME, "skipped", str(exc))
     records: list[Record] = []
-    with preserved_state(), tracker_paused(), torch.no_grad():
+    with torch.no_grad():
         outcome = _trace(step, records)
     artifacts = _write(ctx, records)
     facts = {"trace": [r.line() for r in records if r.leaf or not r.done][:200], "device": device,

@@ -1,4 +1,7 @@
-"""Rebuild the failing training step on CPU copies: the model call, the loss call and the failing layer's call.
+"""Rebuild the failing training step on the CPU: the model call, the loss call and the failing layer's call.
+
+In an experiment's child (sandbox.py) the user's own CPU modules and tensors are
+used as they are; only device tensors are replaced (see _support.cpu_copy).
 
 The wrapper records the arguments of the model's and the loss's latest calls;
 without it the traceback gives the model's call (see calls.py) and the batch

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..diagnosis import ProbeResult
-from ._support import exception_line, innermost_user_frame, iter_tensors, no_batch_hint, preserved_state, result, where
+from ._support import exception_line, innermost_user_frame, iter_tensors, no_batch_hint, result, where
 from .context import ProbeContext
 
 NAME = "workers0_rerun"
@@ -88,9 +88,10 @@ def _source(loader: Any) -> Source | None:
 
 
 # A worker killed by a signal may have been killed by what fetching its samples does (a native
-# crash, memory blown up, a dataset that kills its process): fetching them again in this process
-# could take the run's report down with it. A bus error from exhausted shared memory is not
-# caused by the sample, so that case is still fetched (to size the batches in flight).
+# crash, memory blown up, a dataset that kills its process): fetching them again would most likely
+# kill the experiment's process the same way, which says nothing the worker's death did not. A bus
+# error from exhausted shared memory is not caused by the sample, so that case is still fetched
+# (to size the batches in flight).
 _KILLED_WORKER = re.compile(
     r"killed by signal|exited unexpectedly|Segmentation fault|SIGSEGV|SIGKILL|ConnectionResetError|Connection reset by peer"
 )
@@ -103,32 +104,31 @@ def workers0_rerun(ctx: ProbeContext) -> ProbeResult:
         return result(NAME, "skipped", f"no live DataLoader: {no_batch_hint()}")
     killed = _refetch_unsafe(ctx)
     if killed:
-        return result(NAME, "skipped", f"a worker died ({killed}); fetching its samples in this process could kill it too")
+        return result(NAME, "skipped", f"a worker died ({killed}); fetching its samples again would most likely end the same way")
     limit = max(min(ctx.time_limit_s - 0.5, SCAN_S), 0.5)
     block_s = min(10.0, max(limit / 3, 0.3))
     first_batch = (ctx.batch_index + 1) if ctx.batch_index is not None else 0
     scan = Scan()
-    with preserved_state():
-        worker = threading.Thread(target=_fetch_all, args=(source, scan, first_batch), name="triage-workers0",
-                                  daemon=True)
-        worker.start()
-        deadline = time.monotonic() + limit
-        blocked_stack = None
-        while worker.is_alive():
-            worker.join(0.02)
-            now = time.monotonic()
-            if source.timeout and scan.slow_stack is None and worker.is_alive() and now - scan.started > source.timeout:
-                frame = sys._current_frames().get(worker.ident)  # where a fetch is once it outlasts the timeout
-                scan.slow_stack = traceback.extract_stack(frame) if frame is not None else []
-            if worker.is_alive() and now - scan.started > block_s:
-                frame = sys._current_frames().get(worker.ident)
-                blocked_stack = traceback.extract_stack(frame) if frame is not None else []
-                scan.stop = True
-                break
-            if now > deadline:
-                scan.stop = True
-                worker.join(1.0)
-                break
+    worker = threading.Thread(target=_fetch_all, args=(source, scan, first_batch), name="triage-workers0",
+                              daemon=True)
+    worker.start()
+    deadline = time.monotonic() + limit
+    blocked_stack = None
+    while worker.is_alive():
+        worker.join(0.02)
+        now = time.monotonic()
+        if source.timeout and scan.slow_stack is None and worker.is_alive() and now - scan.started > source.timeout:
+            frame = sys._current_frames().get(worker.ident)  # where a fetch is once it outlasts the timeout
+            scan.slow_stack = traceback.extract_stack(frame) if frame is not None else []
+        if worker.is_alive() and now - scan.started > block_s:
+            frame = sys._current_frames().get(worker.ident)
+            blocked_stack = traceback.extract_stack(frame) if frame is not None else []
+            scan.stop = True
+            break
+        if now > deadline:
+            scan.stop = True
+            worker.join(1.0)
+            break
     return _verdict(ctx, source, scan, blocked_stack, block_s, first_batch)
 
 
