@@ -135,8 +135,14 @@ def _replace_value(match: re.Match) -> str:
 _AUTH_SCHEMES = frozenset({"basic", "bearer", "token", "digest", "negotiate"})
 
 
+# `tokenizer_utils.py:29`: a source location (file name, line number), not a name and its value.
+_FILE_NAME = re.compile(r"[\w.-]*\.[A-Za-z][A-Za-z0-9]{0,5}")
+
+
 def _scrub_pair(match: re.Match) -> str:
     value = match.group("value")
+    if value.isdigit() and match.group("sep").strip() == ":" and _FILE_NAME.fullmatch(match.group("name")):
+        return match.group(0)
     if not is_secret_name(match.group("name")):
         if value[:1] in "([{" and value != SCRUBBED:  # `config: {'password': ...}`: look inside
             return match.group("name") + match.group("sep") + _PAIR.sub(_scrub_pair, value)
