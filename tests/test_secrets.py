@@ -171,6 +171,7 @@ def test_scrub_text_by_value_and_by_name(text, expected):
     "checkpoint sha 9f8e7d6c5b4a39281706f5e4 loaded",  # random-looking, but nothing says it is a secret
     "python train.py --key-frames 4 --lr 0.1 -n 3",
     "raised at /home/ana/proj/float_token_ids_embedding.py:29 in forward",  # a source location, not name: value
+    "first non-finite value in the forward pass: log at train.py:12",
 ])  # fmt: skip
 def test_ordinary_text_is_left_alone(text):
     assert scrub_text(text) == text

@@ -90,7 +90,8 @@ def is_secret_name(name: str) -> bool:
     if not name:
         return False
     words = name_words(name)
-    if any(word in SECRET_WORDS for word in words) or words == ["pass"]:
+    # `pass` alone is a flag word (`--db-pass`), not a name: in prose, "the forward pass: log at ..." is no secret.
+    if any(word in SECRET_WORDS for word in words):
         return True
     joined = "_".join(words)
     return any(phrase in joined for phrase in SECRET_PHRASES)
