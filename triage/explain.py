@@ -11,7 +11,13 @@ from .logread import read_log
 
 def explain_log(path: str | None, kb: KnowledgeBase) -> Report:
     """Diagnose the log at `path` (standard input for None or '-'); raises LogReadError if unreadable."""
-    incident = parse_log(read_log(path))
+    log = read_log(path)
+    incident = parse_log(log)
+    from .job_report import explain_job
+
+    job = explain_job("\n".join(log.segments), incident, kb)  # a multi-rank job: one verdict, from its root rank
+    if job is not None:
+        return job
     warnings: list[str] = []
     diagnoses = diagnose(incident, kb, warnings)
     if diagnoses and diagnoses[0].exception_index is not None:

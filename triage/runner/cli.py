@@ -161,6 +161,12 @@ def main(argv: list[str]) -> int:
     if options is None:
         print(USAGE)
         return 0
+    from .launcher import is_launcher
+
+    if is_launcher(options):  # torchrun / -m torch.distributed.run: the whole job, with one report
+        from .launcher import run_job
+
+        return run_job(options, argv[: len(argv) - len(options.args) - 1])
     from .supervisor import Supervisor
 
     return Supervisor(options).run()

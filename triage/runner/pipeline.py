@@ -49,6 +49,10 @@ class Reporter:
         from ..report_dir import claim_folder, write_report
 
         timings = dict(timings or {})
+        if self.config.get("job_dir"):  # a torchrun rank: its part of the job's report first, before anything slow
+            from .jobdir import record_incident
+
+            record_incident(Path(self.config["job_dir"]), int(self.config.get("rank", 0)), incident.to_dict())
         started = time.monotonic()
         kb = self.knowledge_base()
         timings["rules_s"] = time.monotonic() - started  # loading and validating the rules, unless cached
@@ -81,7 +85,8 @@ class Reporter:
         )  # fmt: skip
         timings["report_s"] = time.monotonic() - started
         self.folders.append(str(folder))
-        self.print_summary(report, folder, stream or sys.stderr, lead_in)
+        if not self.config.get("quiet"):  # a torchrun rank's summary is the job's report
+            self.print_summary(report, folder, stream or sys.stderr, lead_in)
         return folder
 
     def run_info(self) -> dict[str, Any]:

@@ -48,7 +48,7 @@ class Supervisor:
     def config(self) -> dict:
         options = self.options
         cwd = os.getcwd()
-        return {
+        return _in_job({
             "target": options.target,
             "module": options.module,
             "args": list(options.args),
@@ -62,7 +62,7 @@ class Supervisor:
             "cwd": cwd,
             "hang_timeout": options.hang_timeout,
             "replay": os.path.abspath(options.replay) if options.replay else None,
-        }
+        })
 
     def run(self) -> NoReturn:
         try:
@@ -103,6 +103,13 @@ class Supervisor:
             _internal_error(exc, "reporting how the script died")
         finally:
             self.channel.remove()
+        if config.get("job_dir"):
+            try:
+                from .launcher import on_rank_exit
+
+                on_rank_exit(config, code)
+            except Exception as exc:
+                _internal_error(exc, "recording the rank's end")
         if self.hang_killed:
             code = EXIT_HANG_KILLED
         if code < 0:
@@ -143,6 +150,13 @@ class Supervisor:
     def _forward(self, info) -> None:
         if info.si_signo in TERMINAL_SIGNALS and info.si_code == SI_KERNEL:
             return  # the terminal sent it to the whole foreground group, the child included
+        if info.si_signo == signal.SIGTERM and self.config_for_reports.get("job_dir"):
+            try:  # torchrun's agent stops this rank: say where it was first
+                from .launcher import on_agent_sigterm
+
+                on_agent_sigterm(self.config_for_reports, self.child_pid, self.channel)
+            except Exception as exc:
+                _internal_error(exc, "recording the rank's stacks")
         try:
             os.kill(self.child_pid, info.si_signo)
         except ProcessLookupError:
@@ -208,6 +222,17 @@ class Supervisor:
             sys.stderr.write(dump + "\n")
         self.reporter().handle(incident, texts=texts, timings={"capture_s": time.monotonic() - started})
         return code
+
+
+def _in_job(config: dict) -> dict:
+    """A rank of a torchrun job reports into the job's shared folder (see launcher.rank_config)."""
+    from .jobdir import job_dir
+
+    if job_dir() is None:
+        return config
+    from .launcher import rank_config
+
+    return rank_config(config)
 
 
 def _die_with_parent(parent: int) -> None:
