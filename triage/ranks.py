@@ -83,10 +83,10 @@ class RankOutcome:
             return self.error.headline
         if self.native_abort:
             return self.native_abort.split("\n", 1)[0]
+        if self.stacks and self.signal in (None, "SIGTERM"):
+            return "no error: stopped" + (f" by {self.signal}" if self.signal else "") + " while in " + _where(self.stacks)
         if self.signal:
             return f"died of {self.signal}" + (f" ({self.oom})" if self.oom else "")
-        if self.stacks:
-            return "no error: stopped while in " + _where(self.stacks)
         return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -147,17 +147,16 @@ def _stuck_or_left(outcomes: list[RankOutcome]) -> list[RankOutcome]:
     waiting = [o for o in outcomes if o.consequence and o.error is not None]
     if not waiting:
         return []
-    first_wait = min((o.failed_at for o in waiting if o.failed_at is not None), default=None)
     found = []
     for outcome in outcomes:
         if outcome.error is not None:
             continue
         if outcome.signal == "SIGTERM" or (outcome.stacks and outcome.signal is None):
             found.append(outcome)  # stopped while the others had already given up on it
-        elif outcome.exit_code == 0 and outcome.exited_at is not None and (first_wait is None or outcome.exited_at <= first_wait):
-            found.append(outcome)  # left while the others still waited in a collective
-        elif outcome.exit_code == 0 and outcome.exited_at is None and outcome.order is not None:
-            found.append(outcome)  # a log showed it finish while another rank lost its peer
+        elif outcome.exit_code == 0 and (outcome.exited_at is not None or outcome.order is not None):
+            # It finished while the others still waited for it: its sockets closing is what they saw. (Its
+            # exit is recorded once its interpreter is gone, after they saw the sockets close.)
+            found.append(outcome)
     return found
 
 

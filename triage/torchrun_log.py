@@ -86,7 +86,7 @@ def read_job(text: str, incident: Incident) -> JobLog | None:
         found = outcome(entry.rank)
         found.exit_code = entry.exit_code
         found.signal = entry.signal or (_signal_name(-entry.exit_code) if entry.exit_code and entry.exit_code < 0 else None)
-        if found.error is None and entry.traceback and entry.traceback[0].lstrip().startswith("Traceback"):
+        if found.error is None and any(line.lstrip().startswith("Traceback") for line in entry.traceback[:2]):
             found.error, found.order = _record_error(entry), entry.line_no  # an @record error file's traceback
         found.time_text = entry.time_text
     _agent_exits(lines, outcome)

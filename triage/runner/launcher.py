@@ -339,28 +339,28 @@ def rank_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def on_agent_sigterm(config: dict[str, Any], child_pid: int, channel) -> None:
-    """Before the agent's SIGTERM reaches a rank that is still running its script: record where it is."""
-    from .channel import PHASE_RUNNING
-    from .postmortem import collect_stacks
+def stacks_at_sigterm(channel) -> tuple[list[dict[str, Any]], str]:
+    """The main thread's stack the rank dumped when the agent's SIGTERM killed it (see child.Session.start)."""
+    from ..capture.faultdump import parse_dumps, without_hidden_frames
+    from .channel import STACK_DUMP
 
+    raw = channel.read_text(STACK_DUMP)
+    dumps = parse_dumps(raw)
+    if not dumps:
+        return [], ""
+    main = dumps[-1].main_thread(channel.read_beat().main_thread or None)
+    frames = [frame.to_dict() for frame in main.frames] if main is not None else []
+    return frames, without_hidden_frames(dumps[-1].text)[:20000]
+
+
+def on_rank_exit(config: dict[str, Any], code: int, channel) -> None:
+    """The rank's exit status (and, stopped by the agent, its stacks) into its record; without a parent
+    `triage torchrun`, rewrite the job's report."""
     folder, rank = Path(config["job_dir"]), int(config.get("rank", 0))
-    if channel.read_beat().phase not in (PHASE_RUNNING, 0):
-        return  # it is already reporting its own failure, or exiting
-    stacks = collect_stacks(channel, child_pid)
-    main = next((s for s in stacks if s.role == "main" and s.dump is not None), None)
-    frames = []
-    if main is not None:
-        from .postmortem import _main_thread
-
-        frames = [frame.to_dict() for frame in _main_thread(main, channel.read_beat())]
-    jobdir.update_record(folder, rank, stacks=frames, stopped_at=time.time(), child_pid=child_pid,
-                         stack_text=next((s.raw for s in stacks if s.raw), "")[:20000])  # fmt: skip
-
-
-def on_rank_exit(config: dict[str, Any], code: int) -> None:
-    """The rank's exit status into its record; without a parent `triage torchrun`, rewrite the job's report."""
-    folder, rank = Path(config["job_dir"]), int(config.get("rank", 0))
+    if code == -signal.SIGTERM:
+        frames, text = stacks_at_sigterm(channel)
+        if frames:
+            jobdir.update_record(folder, rank, stacks=frames, stack_text=text, stopped_at=time.time())
     reports = sorted(str(path) for path in folder.glob(f"rank{rank}") if path.is_dir())
     reports += sorted(str(path) for path in folder.glob(f"rank{rank}-*") if path.is_dir())
     jobdir.update_record(folder, rank, exit_code=code, exited_at=time.time(), reports=reports,

@@ -102,14 +102,14 @@ class Supervisor:
         except Exception as exc:
             _internal_error(exc, "reporting how the script died")
         finally:
-            self.channel.remove()
-        if config.get("job_dir"):
-            try:
-                from .launcher import on_rank_exit
+            if config.get("job_dir"):  # a rank of a torchrun job: how it ended, into the job's folder
+                try:
+                    from .launcher import on_rank_exit
 
-                on_rank_exit(config, code)
-            except Exception as exc:
-                _internal_error(exc, "recording the rank's end")
+                    on_rank_exit(config, code, self.channel)
+                except Exception as exc:
+                    _internal_error(exc, "recording the rank's end")
+            self.channel.remove()
         if self.hang_killed:
             code = EXIT_HANG_KILLED
         if code < 0:
@@ -150,13 +150,6 @@ class Supervisor:
     def _forward(self, info) -> None:
         if info.si_signo in TERMINAL_SIGNALS and info.si_code == SI_KERNEL:
             return  # the terminal sent it to the whole foreground group, the child included
-        if info.si_signo == signal.SIGTERM and self.config_for_reports.get("job_dir"):
-            try:  # torchrun's agent stops this rank: say where it was first
-                from .launcher import on_agent_sigterm
-
-                on_agent_sigterm(self.config_for_reports, self.child_pid, self.channel)
-            except Exception as exc:
-                _internal_error(exc, "recording the rank's stacks")
         try:
             os.kill(self.child_pid, info.si_signo)
         except ProcessLookupError:
