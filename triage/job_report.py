@@ -14,6 +14,7 @@ from .incident import ExceptionInfo, Incident
 from .ranks import ROOT, RankOutcome, choose_root
 
 MAX_RANK_NOTES = 16
+MAX_NOTE_CHARS = 160
 
 
 def root_incident(root: RankOutcome, outcomes: list[RankOutcome], *, base: Incident | None = None,
@@ -53,6 +54,7 @@ def rank_notes(outcomes: list[RankOutcome]) -> list[str]:
     notes = []
     for outcome in ordered:
         said = outcome.first_error_text() or ("exited normally" if outcome.exit_code == 0 else "no error shown")
+        said = said if len(said) <= MAX_NOTE_CHARS else said[: MAX_NOTE_CHARS - 1] + "…"
         end = f"exit {outcome.exit_code}" if outcome.exit_code is not None else "exit unknown"
         if outcome.role == ROOT:
             notes.append(f"rank {outcome.rank} is the root cause ({end}): {said}. {outcome.why}".rstrip())
@@ -73,6 +75,8 @@ def explain_job(text: str, incident: Incident, kb) -> Report | None:
     root = choose_root(job.outcomes)
     if root is None:
         return None
+    if root.signal == "SIGKILL" and not root.oom:
+        root.oom = "a log cannot show whether the kernel's OOM killer sent it: `dmesg -T | grep -i killed` on its node can"
     chain = [e for e in incident.exceptions if e.rank == root.rank and not e.wrapper] if root.error is not None else []
     if root.error is not None and root.error not in chain:
         chain = [root.error]
