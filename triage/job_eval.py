@@ -42,6 +42,7 @@ class JobResult:
     exit_code: int | None = None
     expected_exit: int | None = None
     problems: list[str] = field(default_factory=list)
+    stderr_tail: str = ""  # a live job's last output, to see why a verdict was wrong
 
     @property
     def rank_ok(self) -> bool:
@@ -121,6 +122,7 @@ def _run_job(corpus: Path, name: str, label: dict[str, Any]) -> JobResult:
             done = subprocess.run(command, cwd=script.parent, env=env, capture_output=True, text=True,
                                   timeout=label.get("timeout", JOB_TIMEOUT_S), stdin=subprocess.DEVNULL)  # fmt: skip
             result.exit_code = done.returncode
+            result.stderr_tail = done.stderr[-4000:]
             result.torchrun_rank, result.torchrun_error = _torchrun_said(done.stderr)
         except subprocess.TimeoutExpired:
             result.problems.append("timed out")

@@ -357,14 +357,14 @@ def on_rank_exit(config: dict[str, Any], code: int, channel) -> None:
     """The rank's exit status (and, stopped by the agent, its stacks) into its record; without a parent
     `triage torchrun`, rewrite the job's report."""
     folder, rank = Path(config["job_dir"]), int(config.get("rank", 0))
-    if code == -signal.SIGTERM:
-        frames, text = stacks_at_sigterm(channel)
-        if frames:
-            jobdir.update_record(folder, rank, stacks=frames, stack_text=text, stopped_at=time.time())
     reports = sorted(str(path) for path in folder.glob(f"rank{rank}") if path.is_dir())
     reports += sorted(str(path) for path in folder.glob(f"rank{rank}-*") if path.is_dir())
     jobdir.update_record(folder, rank, exit_code=code, exited_at=time.time(), reports=reports,
                          child_pid=config.get("child_pid"))  # fmt: skip
+    if code == -signal.SIGTERM:  # after the exit status, which must be there whatever the dump holds
+        frames, text = stacks_at_sigterm(channel)
+        if frames:
+            jobdir.update_record(folder, rank, stacks=frames, stack_text=text, stopped_at=time.time())
     if os.environ.get(jobdir.JOB_PARENT_ENV):
         return
     with open(folder / ".lock", "a+") as lock:
