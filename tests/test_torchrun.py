@@ -315,3 +315,16 @@ def test_ranks_started_by_torchrun_with_dash_m_triage_write_one_job_report(tmp_p
     assert report["incident"]["rank"] == 2 and report["incident"]["exception"]["type"] == "ZeroDivisionError"
     assert sorted(r["rank"] for r in report["ranks"]) == [0, 1, 2]
     assert not list(tmp_path.glob("triage-job-*")), "the job folder was not cleaned up"
+
+
+def test_live_job_that_succeeds_leaves_no_report_and_exits_zero(tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "ok.py"
+    script.write_text("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                      "x = torch.ones(2)\ndist.all_reduce(x)\nprint('sum', x.tolist())\n")
+    command = [sys.executable, "-m", "triage", "torchrun", "--standalone", "--nproc_per_node=2", "ok.py"]
+    done = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("sum [2.0, 2.0]") == 2
+    assert not (tmp_path / "triage-reports").exists()
+    assert "triage:" not in done.stderr

@@ -13,15 +13,10 @@ whole job's.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shlex
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -63,6 +58,10 @@ def split_launch(options: RunOptions) -> tuple[list[str], str, list[str], bool, 
 
 def run_job(options: RunOptions, argv_options: list[str]) -> int:
     """Run the launcher with every worker under triage; write the job's report; return (or die of) its status."""
+    import shutil
+    import subprocess
+    import tempfile
+
     launcher = [sys.executable, "-m", options.target] if options.module else [shutil.which(options.target) or options.target]
     try:
         launcher_args, script, script_args, module, no_python = split_launch(options)
@@ -122,6 +121,9 @@ def _rank_options(argv: list[str]) -> list[str]:
 
 
 def _config(options: RunOptions, script: str, started: float) -> dict[str, Any]:
+    """Where the job's report goes, and the command that re-runs the job."""
+    import shlex
+
     cwd = os.getcwd()
     label = os.path.basename(script)
     return {
@@ -221,6 +223,8 @@ def _oom_note(facts: dict[str, Any]) -> str:
 
 def _oom_check(record: dict[str, Any]) -> str:
     """Whether the kernel log names this rank's process as an OOM kill; says so when the log cannot be read."""
+    import subprocess
+
     pid = record.get("child_pid")
     try:
         done = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=3)
@@ -287,6 +291,9 @@ def _rank_report(record: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _write(report, folder: Path, config: dict[str, Any], records: list[dict[str, Any]], launcher_code: int | None) -> Path:
+    """The job's report folder, with each rank's own report under ranks/; the summary on stderr."""
+    import shutil
+
     from ..render import to_terminal
     from ..report_dir import claim_folder, shown_path, write_report
 
@@ -356,6 +363,10 @@ def stacks_at_sigterm(channel) -> tuple[list[dict[str, Any]], str]:
 def on_rank_exit(config: dict[str, Any], code: int, channel) -> None:
     """The rank's exit status (and, stopped by the agent, its stacks) into its record; without a parent
     `triage torchrun`, rewrite the job's report."""
+    import fcntl
+    import shlex
+    import shutil
+
     folder, rank = Path(config["job_dir"]), int(config.get("rank", 0))
     reports = sorted(str(path) for path in folder.glob(f"rank{rank}") if path.is_dir())
     reports += sorted(str(path) for path in folder.glob(f"rank{rank}-*") if path.is_dir())
