@@ -12,7 +12,9 @@ tiers and ordered by time within a tier:
 2. a rank with no error while the others time out or lose their peers: it was
    stuck (or busy) and the others waited for it; one that left early (exit 0)
    while the others still ran collectives also belongs here;
-3. consequences only: the earliest of them.
+3. every rank failed waiting, but one rank's collective differs from the
+   others' (a broadcast among all_reduces): the odd one out;
+4. consequences only: the earliest of them (by time live, by order in a log).
 
 Standard library only: `triage explain` uses this without torch.
 """
