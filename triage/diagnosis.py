@@ -93,6 +93,8 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     # How to re-run the failed script to check a fix: {"command": ..., "replay": ... or None}; None for a log.
     rerun: dict[str, str | None] | None = None
+    # A multi-rank job's ranks, root and secondary (DESIGN.md, contract — multi-rank jobs); None for one process.
+    ranks: list[dict[str, Any]] | None = None
 
     @property
     def leading(self) -> Diagnosis | None:
@@ -101,7 +103,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         environment = {"python": None, "torch": None, "cuda": None}
         environment.update(self.environment)
-        return {
+        out = {
             "schema": SCHEMA,
             "source": self.source,
             "incident": self.incident.to_dict(),
@@ -111,3 +113,6 @@ class Report:
             "rerun": self.rerun,
             "warnings": self.warnings,
         }
+        if self.ranks is not None:
+            out["ranks"] = self.ranks
+        return out

@@ -317,13 +317,20 @@ def main(argv: list[str]) -> int:
             results += evaluate_logs(fresh, kb, kind="fresh", on_case=on_case)
         if run_scripts:
             results += evaluate_scripts(scripts, jobs=args.jobs, on_case=on_case)
-    if not results:
+    from .job_eval import evaluate_job_logs, evaluate_job_runs, format_jobs, load_labels
+
+    # torchrun jobs (logs/distributed-jobs/labels.yaml): the root rank and error, from the log and live.
+    jobs = evaluate_job_logs(root, kb) if load_labels(root) else []
+    if jobs and run_scripts:
+        jobs += evaluate_job_runs(root)
+    if not results and not jobs:
         raise UsageError(f"{root}: no cases (no expected.yaml under logs/ or scripts/)")
     if args.format == "json":
-        print(json.dumps({"score": asdict(score(results)), "cases": [asdict(r) | {"ok": r.ok} for r in results]}, indent=2))
+        print(json.dumps({"score": asdict(score(results)), "cases": [asdict(r) | {"ok": r.ok} for r in results],
+                          "jobs": [asdict(j) | {"ok": j.ok} for j in jobs]}, indent=2))
     else:
-        print(format_table(results))
-    return EXIT_OK if all(r.ok for r in results if r.kind != "fresh") else EXIT_FAILED
+        print(format_table(results) + ("\n\n" + format_jobs(jobs) if jobs else ""))
+    return EXIT_OK if all(r.ok for r in results if r.kind != "fresh") and all(j.ok for j in jobs) else EXIT_FAILED
 
 
 def _jobs(text: str) -> int:

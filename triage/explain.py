@@ -13,7 +13,13 @@ from .pipeline import triage_incident
 
 def explain_log(path: str | None, kb: KnowledgeBase) -> Report:
     """Diagnose the log at `path` (standard input for None or '-'); raises LogReadError if unreadable."""
-    incident = parse_log(read_log(path))
+    log = read_log(path)
+    incident = parse_log(log)
+    from .job_report import job_incident
+
+    job = job_incident("\n".join(log.segments), incident)  # a multi-rank job: one verdict, from its root rank
+    if job is not None:
+        return triage_incident(job, kb, source="log")
     typed = incident.exception is not None and incident.exception.type and incident.exception.message
     if not typed and not diagnose(incident, kb, []):
         # No exception line and no log-line rule: a known message pasted without its type still names the failure.

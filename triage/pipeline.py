@@ -100,8 +100,10 @@ def diagnose_incident(incident: Incident, kb: KnowledgeBase, *, source: str = "r
     warnings = list(warnings or [])
     diagnoses = diagnose(incident, kb, warnings)
     choose_root_exception(incident, diagnoses)
-    return Report(source=source, incident=incident, diagnoses=diagnoses, environment=dict(incident.environment),
-                  warnings=warnings)
+    report = Report(source=source, incident=incident, diagnoses=diagnoses, environment=dict(incident.environment),
+                    warnings=warnings)
+    report.ranks = incident.facts.get("ranks")  # a multi-rank job's (job_report.root_incident), else None
+    return report
 
 
 def choose_root_exception(incident: Incident, diagnoses: list[Diagnosis]) -> None:

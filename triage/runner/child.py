@@ -54,6 +54,10 @@ class Session:
         self._files += [crash, stacks]
         faulthandler.enable(file=crash, all_threads=True)
         faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True, chain=False)
+        if self.config.get("job_dir"):
+            # torchrun's agent stops a rank with SIGTERM to its process group: dump where it was, then die of it
+            # (faulthandler chains to the default action), so the rank's exit stays -15.
+            faulthandler.register(signal.SIGTERM, file=stacks, all_threads=True, chain=True)
         self._install_thread_hook()
         self.warnings.install()
         TorchImportWatcher(self._torch_imported).install()

@@ -154,6 +154,12 @@ def main(argv: list[str], prog: str = "triage run", help_text: Callable[[], str]
         sys.stderr.write(f"triage: torch is not installed for {sys.executable}: running {options.target} without "
                          f"triage's experiments (`{sys.executable} -m pip install torch` adds it)\n")
         options.probes = False
+    from .launcher import is_launcher
+
+    if is_launcher(options):  # torchrun / -m torch.distributed.run: the whole job, with one report
+        from .launcher import run_job
+
+        return run_job(options, split_at_target(run_parser(prog), argv)[0])
     from .supervisor import Supervisor
 
     return Supervisor(options).run()

@@ -54,6 +54,10 @@ class Reporter:
         from ..report_dir import ReportWriter, claim_folder
 
         timings = dict(timings or {})
+        if self.config.get("job_dir"):  # a torchrun rank: its part of the job's report first, before anything slow
+            from .jobdir import record_incident
+
+            record_incident(Path(self.config["job_dir"]), int(self.config.get("rank", 0)), incident.to_dict())
         started = time.monotonic()
         kb = self.knowledge_base()
         timings["rules_s"] = time.monotonic() - started  # loading and validating the rules, unless cached
@@ -75,7 +79,8 @@ class Reporter:
             warnings=rule_warnings(kb), timings=timings,
         )  # fmt: skip
         self.folders.append(str(folder))
-        print_summary(report, stream or sys.stderr, folder=folder, lead_in=lead_in, color=self.config.get("color"))
+        if not self.config.get("quiet"):  # a torchrun rank's summary is the job's report
+            print_summary(report, stream or sys.stderr, folder=folder, lead_in=lead_in, color=self.config.get("color"))
         return folder
 
     def run_info(self) -> dict[str, Any]:

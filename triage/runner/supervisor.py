@@ -57,7 +57,7 @@ class Supervisor:
     def config(self) -> dict:
         options = self.options
         cwd = os.getcwd()
-        return {
+        return _in_job({
             "target": options.target,
             "module": options.module,
             "args": list(options.args),
@@ -72,7 +72,7 @@ class Supervisor:
             "hang_timeout": options.hang_timeout,
             "replay": os.path.abspath(options.replay) if options.replay else None,
             "color": options.color,
-        }
+        })
 
     def run(self) -> NoReturn:
         try:
@@ -117,6 +117,13 @@ class Supervisor:
         except Exception as exc:
             _internal_error(exc, "reporting how the script died")
         finally:
+            if config.get("job_dir"):  # a rank of a torchrun job: how it ended, into the job's folder
+                try:
+                    from .launcher import on_rank_exit
+
+                    on_rank_exit(config, code, self.channel)
+                except Exception as exc:
+                    _internal_error(exc, "recording the rank's end")
             self.channel.remove()
         if self.hang_killed:
             code = EXIT_HANG_KILLED
@@ -306,6 +313,17 @@ def pending_signals(pid: int) -> set[int]:
     except (OSError, ValueError):
         pass
     return found
+
+
+def _in_job(config: dict) -> dict:
+    """A rank of a torchrun job reports into the job's shared folder (see launcher.rank_config)."""
+    from .jobdir import job_dir
+
+    if job_dir() is None:
+        return config
+    from .launcher import rank_config
+
+    return rank_config(config)
 
 
 def _die_with_parent(parent: int) -> None:
