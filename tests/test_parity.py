@@ -85,12 +85,13 @@ def test_a_signal_sent_to_the_process_alone_is_forwarded_once(tmp_path, runner):
 
 
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="coreutils timeout is not installed")
-@pytest.mark.parametrize("runner", ["python", "triage"])
-def test_timeout_s_term_is_handled_exactly_once(tmp_path, runner):
-    # timeout signals the command, then its whole process group.
+def test_timeout_s_term_is_handled_exactly_once(tmp_path):
+    # timeout signals the command, then its whole process group, back to back: the child gets the group's copy
+    # and the parent must not add one. (Plain python counts 1 or 2 here, as its handler does or does not start
+    # between the two sends: a race of python's own, which is why this case has no python baseline.)
     script = tmp_path / "train.py"
     script.write_text(COUNTING)
-    done = subprocess.run(["timeout", "-s", "TERM", "2", *COMMANDS[runner], str(script)], cwd=tmp_path, env=_env(),
+    done = subprocess.run(["timeout", "-s", "TERM", "2", *COMMANDS["triage"], str(script)], cwd=tmp_path, env=_env(),
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.stdout.split() == ["ready", "handled", "1"], done.stderr
 
