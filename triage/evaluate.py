@@ -274,7 +274,9 @@ def main(argv: list[str]) -> int:
     logs = root / "logs" if (root / "logs").is_dir() else None
     scripts = root / "scripts" if (root / "scripts").is_dir() else None
     if logs is None and scripts is None:
-        logs = root  # a bare folder of category folders of logs
+        # A bare folder: of scripts when its expectations name .py files (one category, e.g. scripts/learning), else of logs.
+        scripts_here = any(path.suffix == ".py" for path, _ in load_cases(root))
+        logs, scripts = (None, root) if scripts_here else (root, None)
 
     from .kb import load_knowledge_base
 

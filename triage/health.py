@@ -90,6 +90,7 @@ class HealthMonitor:
         self.custom_functions: dict[str, type] = {}
         self.relu_zero_fraction: list[tuple[list[int], float]] = []
         self.cuda_memory = False
+        self.stepped: weakref.WeakSet = weakref.WeakSet()  # optimizers that took a step: the ones that train
         # (optimizer steps counted then, a parameter) at a sampled backward: were its gradients cleared before the next?
         self.pending_clear_check: tuple[int, weakref.ref, weakref.ref] | None = None
         self.carried = 0  # sampled backward pairs with a step between them and the gradient still there
@@ -134,8 +135,17 @@ class HealthMonitor:
         backward._triage_hook = True  # type: ignore[attr-defined]
         backward.__wrapped__ = original  # type: ignore[attr-defined]
         torch.autograd.backward = backward
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        stepped = self.stepped
+
+        def step_taken(optimizer, args, kwargs) -> None:
+            stepped.add(optimizer)
+
+        handle = register_optimizer_step_post_hook(step_taken)
 
         def undo() -> None:
+            handle.remove()
             if torch.autograd.backward is backward:
                 torch.autograd.backward = original
 
@@ -296,7 +306,8 @@ class HealthMonitor:
         found: list[Finding] = []
         if self.backwards == 0:
             return found
-        optimizers = _live_optimizers()
+        # The optimizers that stepped; when none did, every live one (an earlier phase's optimizer is not this run's).
+        optimizers = list(self.stepped) or _live_optimizers()
         names = _parameter_names(main_globals)
         optimized = {id(p): (index, group_index, group) for index, opt in enumerate(optimizers)
                      for group_index, group in enumerate(opt.param_groups) for p in group["params"]}

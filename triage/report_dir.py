@@ -17,6 +17,7 @@ from typing import Any
 from .diagnosis import Report
 from .incident import Frame
 from .render import to_markdown
+from .render_html import write_html
 
 DEFAULT_ROOT = "triage-reports"
 MAX_FOLDERS = 1000
@@ -79,6 +80,7 @@ def write_report(
     artifacts["report_json"] = str(json_path)
     report.artifacts = artifacts
     md_path.write_text(to_markdown(report) + live_state_markdown(report), encoding="utf-8")
+    artifacts["report_html"] = write_html(report, folder)
     data = report.to_dict()
     if run:
         data["run"] = run

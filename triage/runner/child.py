@@ -178,8 +178,8 @@ class Session:
             return
         from .. import health
 
-        if health.MONITOR is None:
-            return
+        if health.MONITOR is None or (self._reporter is not None and self._reporter.folders):
+            return  # a run already reported (NaN/Inf) gets no second, consequential report
         try:
             main = sys.modules.get("__main__")
             incident = health.silent_incident(health.MONITOR, TRACKER.steps, getattr(main, "__dict__", None))
