@@ -39,6 +39,7 @@ LEAK_MIN_R2 = 0.9
 LEAK_SKIP_FRACTION = 0.2  # warm-up (allocator, first batches) ignored by the memory fit
 MAX_NAMES = 6
 FUNCTION_TOLERANCE = 1e-3
+MAX_FLOW_ROWS = 40
 
 
 def _series_add(points: list[list[float]], x: float, y: float) -> None:
@@ -656,7 +657,8 @@ def silent_incident(monitor: HealthMonitor, steps: int, main_globals: dict[str, 
     from .incident import Incident
 
     names = _parameter_names(main_globals)
-    leaf_names = {key: names[key] for key in monitor.leaves if key in names}
+    # Every parameter of the model in its own order: those the graph never reached show as "no gradient".
+    leaf_names = dict(list(names.items())[:MAX_FLOW_ROWS])
     facts = {"health": {"findings": [{"check": f.check, "line": f.line, **f.facts} for f in findings],
                         "steps": steps, **monitor.series(leaf_names)}}
     return Incident(kind="silent", source="run", log_lines=[f.line for f in findings], facts=facts)

@@ -17,7 +17,7 @@ import jinja2
 
 from .diagnosis import Report
 
-WIDTH, HEIGHT = 560, 220
+WIDTH, HEIGHT = 520, 220
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 64, 16, 28, 36
 BAR_HEIGHT, BAR_GAP, BAR_LABEL = 14, 6, 200
 MAX_BARS = 40
@@ -197,7 +197,7 @@ pre { padding: 8px; overflow-x: auto; white-space: pre-wrap; }
 .diagnosis { border: 1px solid #d0d7de; border-radius: 6px; padding: 10px 14px; margin: 10px 0; }
 .diagnosis.lead { border-color: #0969da; border-width: 2px; }
 .meta { color: #57606a; font-size: 12px; } .status { font-weight: 600; }
-.charts { display: flex; flex-wrap: wrap; gap: 16px; }
+.charts { display: flex; flex-wrap: wrap; gap: 16px; } .charts figure { margin: 0; }
 .chart { background: #fff; border: 1px solid #d0d7de; border-radius: 6px; }
 .chart-title { font: 600 13px system-ui, sans-serif; fill: #1f2328; }
 .plot { fill: #fbfcfd; stroke: #d0d7de; } .grid { stroke: #eaeef2; } .tick, .axis { font: 11px system-ui, sans-serif; fill: #57606a; }
