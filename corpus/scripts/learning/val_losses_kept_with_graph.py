@@ -3,15 +3,15 @@ import torch
 from torch import nn
 
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1))
+model = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 1))
 optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 criterion = nn.MSELoss()
-val_x = torch.randn(128, 256)
+val_x = torch.randn(256, 128)
 val_y = val_x[:, :1] * 0.5
 val_history = []
 
-for step in range(120):
-    inputs = torch.randn(64, 256)
+for step in range(100):
+    inputs = torch.randn(32, 128)
     targets = inputs[:, :1] * 0.5
     optimizer.zero_grad()
     loss = criterion(model(inputs), targets)
