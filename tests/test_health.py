@@ -251,3 +251,21 @@ def test_the_runner_reports_a_finished_run_that_did_not_learn_and_keeps_exit_0(t
     assert report["diagnoses"][0]["category"] == "learning"
     assert len(report["incident"]["facts"]["health"]["loss"]) == 80
     assert (tmp_path / "r" / "report.html").exists()
+
+
+def test_watch_with_health_reports_the_block_when_it_ends(monkeypatch):
+    import triage
+    from triage import wrapper
+
+    seen = []
+    monkeypatch.setattr(wrapper, "incident_handler", lambda incident, tracker: seen.append(incident))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    model[2] = nn.Linear(16, 4)  # replaced after the optimizer was built
+    x, y = _classification()
+    with triage.watch(model=model, optimizer=optimizer, health=True):
+        _train(model, optimizer, x, y, steps=30)
+    assert health.MONITOR is None  # the block's monitor is gone with it
+    assert len(seen) == 1 and seen[0].kind == "silent"
+    assert any("params-not-in-optimizer" in line and "2 parameters" in line for line in seen[0].log_lines)

@@ -548,8 +548,11 @@ class watch:
     """
 
     def __init__(self, model: Any = None, optimizer: Any = None, loss_fn: Any = None, on_nan: str = "report",
-                 record_calls: bool = False, tracker: Tracker | None = None) -> None:
+                 record_calls: bool = False, tracker: Tracker | None = None, health: bool = False) -> None:
         self.tracker = tracker or TRACKER
+        # health=True: the training-health checks (triage/health.py) watch this block and report when it ends.
+        self.health = health
+        self._health_undo: Callable[[], None] | None = None
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.record_calls = record_calls or optimizer is None
         self.monitor = NonFiniteMonitor(self.tracker, on_nan, model)
@@ -566,6 +569,7 @@ class watch:
         t.loss_fn = self.loss_fn if self.loss_fn is not None else t.loss_fn
         t.watch_active = True
         self._hook()
+        self._start_health()
         if tracking.capture_owner is None and not installed():
             install()
             self._installed_here = True
@@ -576,12 +580,38 @@ class watch:
             handle.remove()
         self._handles.clear()
         self.tracker.watch_active = False
+        self._finish_health(judge=exc is None)
         if exc is None:
             for key, value in self._saved.items():
                 setattr(self.tracker, key, value)
             if self._installed_here:
                 uninstall()
         return False
+
+    def _start_health(self) -> None:
+        from . import health
+
+        if self.health and health.MONITOR is None:  # under the runner its own monitor already watches
+            self._health_undo = health.start(self.tracker).undo  # type: ignore[attr-defined]
+
+    def _finish_health(self, judge: bool) -> None:
+        """Judge the block that just ended (unless it raised) and report its findings as a `silent` incident."""
+        if self._health_undo is None:
+            return
+        from . import health
+
+        monitor, self._health_undo, undo = health.MONITOR, None, self._health_undo
+        undo()
+        health.MONITOR = None
+        if not judge or monitor is None:
+            return
+        main = sys.modules.get("__main__")
+        incident = health.silent_incident(monitor, self.tracker.steps, getattr(main, "__dict__", None))
+        if incident is not None:
+            if incident_handler is not None:
+                incident_handler(incident, self.tracker)
+            else:
+                diagnose_live(incident, None, self.tracker)
 
     def _hook(self) -> None:
         from torch import nn
