@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 MAX_POINTS = 256  # loss and memory buckets kept; pairs merge when full
+MAX_LOSS_EVERY = 4  # once buckets span several steps, the loss is sampled in them rather than read every step
 MAX_GRAD_POINTS = 64  # grad-norm samples kept
 GRAD_STRIDE_START = 8  # backward calls between grad-norm samples, doubling as samples fill up
 GRAPH_SAMPLES_DENSE = 8  # the first backward graphs are all walked, then the 16th, 32nd, ...
@@ -79,6 +80,7 @@ class HealthMonitor:
         self.zero_grad_samples: dict[int, int] = {}  # id(param) -> samples in which its gradient was exactly 0
         self.grad_samples = 0
         self.stride = 1
+        self.every = 1  # the loss is read at every `every`-th backward: 1 for the first buckets, then up to 4
         self.grad_stride = GRAD_STRIDE_START
         self._bucket_sum = 0.0
         self._bucket_count = 0
@@ -92,6 +94,7 @@ class HealthMonitor:
         self.relu_zero_fraction: list[tuple[list[int], float]] = []
         self.cuda_memory = False
         self.stepped: weakref.WeakSet = weakref.WeakSet()  # optimizers that took a step: the ones that train
+        self._readers: dict[Any, tuple[Any, int]] = {}  # torch dtype -> (memory view, address shift) for CPU scalars
         # (optimizer steps counted then, a parameter) at a sampled backward: were its gradients cleared before the next?
         self.pending_clear_check: tuple[int, weakref.ref, weakref.ref] | None = None
         self.carried = 0  # sampled backward pairs with a step between them and the gradient still there
@@ -108,6 +111,9 @@ class HealthMonitor:
         """Wrap torch.autograd.backward (Tensor.backward calls it); returns the function that unwraps it."""
         import torch
 
+        from .wrapper import _READERS
+
+        self._readers = {getattr(torch, name.split(".")[1]): reader for name, reader in _READERS.items()}
         original = torch.autograd.backward
         monitor = self
         tracker = self.tracker
@@ -116,7 +122,8 @@ class HealthMonitor:
             watching = tracker is None or not tracker.suspended
             if watching and monitor.pending_clear_check is not None:
                 monitor.check_cleared()
-            if watching and monitor.sample_graph():
+            upcoming = monitor.backwards + 1
+            if watching and (upcoming <= GRAPH_SAMPLES_DENSE or not upcoming & (upcoming - 1)):  # the first graphs, then powers of two
                 try:  # before backward: it frees the graph
                     loss = tensors[0] if isinstance(tensors, (tuple, list)) else tensors
                     if getattr(loss, "grad_fn", None) is not None:
@@ -126,6 +133,9 @@ class HealthMonitor:
                         raise
             result = original(tensors, *args, **kwargs)
             if watching:
+                monitor.backwards = upcoming
+                if upcoming % monitor.every:
+                    return result  # between samples: the whole per-step cost is the lines above
                 try:
                     monitor.after_backward(tensors)
                 except Exception:
@@ -204,14 +214,14 @@ class HealthMonitor:
             self.relu_zero_fraction.append((list(output.shape), zeros))
 
     def after_backward(self, tensors: Any) -> None:
-        """Per backward: the loss value and (every `stride` calls) memory; at sampled calls, graph and gradients."""
-        self.backwards += 1
+        """At every `every`-th backward (counted by the hook): the loss value, memory at bucket ends, gradients."""
         count = self.backwards
-        loss = tensors[0] if isinstance(tensors, (tuple, list)) else tensors
-        if loss.numel() == 1:
-            value = loss.detach()
-            number = float(value) if value.device.type == "cpu" else math.nan
-            if math.isfinite(number):
+        loss = tensors[0] if type(tensors) in (tuple, list) else tensors
+        reader = self._readers.get(loss.dtype)
+        if reader is not None and loss.is_cpu and loss.numel() == 1:
+            # The value read by its address (the wrapper's reader): float(loss) costs several times more.
+            number = reader[0][loss.data_ptr() >> reader[1]]
+            if number - number == 0:  # finite: NaN/Inf are the NaN check's to report
                 self._bucket_sum += number
                 self._bucket_count += 1
         if count % self.stride == 0:
@@ -225,13 +235,9 @@ class HealthMonitor:
                 _compact(self.losses)
                 _compact(self.memory)
                 self.stride *= 2
+                self.every = min(self.stride, MAX_LOSS_EVERY)
         if count % self.grad_stride == 0:
             self._sample_gradients(count)
-
-    def sample_graph(self) -> bool:
-        """Whether this backward's graph is one of the sampled ones (the first few, then powers of two)."""
-        upcoming = self.backwards + 1
-        return upcoming <= GRAPH_SAMPLES_DENSE or (upcoming & (upcoming - 1)) == 0
 
     def _memory(self) -> float | None:
         torch = sys.modules.get("torch")
