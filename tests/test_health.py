@@ -269,3 +269,11 @@ def test_watch_with_health_reports_the_block_when_it_ends(monkeypatch):
     assert health.MONITOR is None  # the block's monitor is gone with it
     assert len(seen) == 1 and seen[0].kind == "silent"
     assert any("params-not-in-optimizer" in line and "2 parameters" in line for line in seen[0].log_lines)
+
+
+def test_loss_values_kept_as_device_scalars_are_settled_in_one_copy():
+    monitor = health.HealthMonitor()
+    monitor.backwards = 3
+    monitor.losses = [[1, torch.tensor(0.5)], [2, 0.25], [3, torch.tensor(0.125)]]
+    health._compact(monitor.losses)  # buckets merge on the device as they would on a GPU
+    assert monitor.series()["loss"] == [[2, 0.375], [3, 0.125]]

@@ -83,6 +83,7 @@ class HealthMonitor:
         self.every = 1  # the loss is read at every `every`-th backward: 1 for the first buckets, then up to 4
         self.grad_stride = GRAD_STRIDE_START
         self._bucket_sum = 0.0
+        self._device_sum: Any = None  # the bucket's loss sum as a CUDA scalar, for a loss that lives on the GPU
         self._bucket_count = 0
         self.graph_samples = 0
         self.leaves: dict[int, weakref.ref] = {}  # parameters any sampled graph reached
@@ -224,10 +225,16 @@ class HealthMonitor:
             if number - number == 0:  # finite: NaN/Inf are the NaN check's to report
                 self._bucket_sum += number
                 self._bucket_count += 1
+        elif loss.is_cuda and loss.numel() == 1:
+            # Summed on the device, read when the run is judged: no host-device synchronisation per step.
+            value = loss.detach().float().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+            self._device_sum = value if self._device_sum is None else self._device_sum + value
+            self._bucket_count += 1
         if count % self.stride == 0:
             if self._bucket_count:
-                _series_add(self.losses, count, self._bucket_sum / self._bucket_count)
-            self._bucket_sum, self._bucket_count = 0.0, 0
+                total = self._bucket_sum if self._device_sum is None else self._device_sum
+                _series_add(self.losses, count, total / self._bucket_count)
+            self._bucket_sum, self._bucket_count, self._device_sum = 0.0, 0, None
             memory = self._memory()
             if memory is not None:
                 _series_add(self.memory, count, memory)
@@ -313,6 +320,7 @@ class HealthMonitor:
         found: list[Finding] = []
         if self.backwards == 0:
             return found
+        self.settle()
         # The optimizers that stepped; when none did, every live one (an earlier phase's optimizer is not this run's).
         optimizers = list(self.stepped) or _live_optimizers()
         names = _parameter_names(main_globals)
@@ -477,8 +485,18 @@ class HealthMonitor:
                         f"R2 >= {LEAK_MIN_R2}){held}",
                         {"growth_bytes": growth, "per_step_bytes": slope, "r2": r2, "holders": holders})]
 
+    def settle(self) -> None:
+        """Bring loss values kept on the GPU to the host, in one copy (the run has ended)."""
+        device = [index for index, (_, y) in enumerate(self.losses) if not isinstance(y, float)]
+        if device:
+            torch = sys.modules["torch"]
+            values = torch.stack([self.losses[i][1].reshape(()) for i in device]).cpu().tolist()
+            for index, value in zip(device, values):
+                self.losses[index][1] = float(value)
+
     def series(self, names: dict[int, str] | None = None) -> dict[str, Any]:
         """The curves for the report (plain data): loss, grad norm, memory per step, gradient flow per parameter."""
+        self.settle()
         return {
             "backwards": self.backwards,
             "loss": [list(p) for p in self.losses],
