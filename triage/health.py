@@ -17,7 +17,6 @@ import gc
 import math
 import os
 import sys
-import time
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -41,10 +40,6 @@ LEAK_SKIP_FRACTION = 0.2  # warm-up (allocator, first batches) ignored by the me
 MAX_NAMES = 6
 FUNCTION_TOLERANCE = 1e-3
 MAX_FLOW_ROWS = 40
-
-
-def _series_add(points: list[list[float]], x: float, y: float) -> None:
-    points.append([x, y])
 
 
 def _compact(points: list[list[float]]) -> None:
@@ -87,9 +82,7 @@ class HealthMonitor:
         self._bucket_count = 0
         self.graph_samples = 0
         self.leaves: dict[int, weakref.ref] = {}  # parameters any sampled graph reached
-        self.leaf_hits: dict[int, int] = {}
         self.classes: int | None = None
-        self.loss_node: str | None = None
         self.softmax_before_ce: dict[str, Any] | None = None
         self.custom_functions: dict[str, type] = {}
         self.relu_zero_fraction: list[tuple[list[int], float]] = []
@@ -103,8 +96,6 @@ class HealthMonitor:
         self.function_inputs: dict[str, int] = {}
         self._statm = _open_statm()
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-        self._pid = os.getpid()
-        self.started = time.monotonic()
 
     # ------------------------------------------------------------------ the hook
 
@@ -124,7 +115,8 @@ class HealthMonitor:
             if watching and monitor.pending_clear_check is not None:
                 monitor.check_cleared()
             upcoming = monitor.backwards + 1
-            if watching and (upcoming <= GRAPH_SAMPLES_DENSE or not upcoming & (upcoming - 1)):  # the first graphs, then powers of two
+            # The first graphs, then those of the 16th, 32nd, 64th... backward.
+            if watching and (upcoming <= GRAPH_SAMPLES_DENSE or not upcoming & (upcoming - 1)):
                 try:  # before backward: it frees the graph
                     loss = tensors[0] if isinstance(tensors, (tuple, list)) else tensors
                     if getattr(loss, "grad_fn", None) is not None:
@@ -181,7 +173,6 @@ class HealthMonitor:
                 key = id(leaf)
                 if key not in self.leaves:
                     self.leaves[key] = weakref.ref(leaf)
-                self.leaf_hits[key] = self.leaf_hits.get(key, 0) + 1
                 continue
             forward_cls = getattr(node, "_forward_cls", None)
             if forward_cls is not None:
@@ -195,7 +186,6 @@ class HealthMonitor:
 
     def _read_loss_node(self, node: Any) -> None:
         scores = node._saved_self  # the log-probabilities: [N, C] (or [N, C, ...])
-        self.loss_node = "cross_entropy / nll_loss"
         if scores.dim() >= 2:
             self.classes = int(scores.shape[1])
         elif scores.dim() == 1:
@@ -233,11 +223,11 @@ class HealthMonitor:
         if count % self.stride == 0:
             if self._bucket_count:
                 total = self._bucket_sum if self._device_sum is None else self._device_sum
-                _series_add(self.losses, count, total / self._bucket_count)
+                self.losses.append([count, total / self._bucket_count])
             self._bucket_sum, self._bucket_count, self._device_sum = 0.0, 0, None
             memory = self._memory()
             if memory is not None:
-                _series_add(self.memory, count, memory)
+                self.memory.append([count, memory])
             if len(self.losses) >= MAX_POINTS or len(self.memory) >= MAX_POINTS:
                 _compact(self.losses)
                 _compact(self.memory)
@@ -281,7 +271,7 @@ class HealthMonitor:
             owned = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             if owned:
                 self.pending_clear_check = (self.tracker.steps, weakref.ref(owned[-1]), weakref.ref(owned[-1].grad))
-        _series_add(self.grad_norms, count, total)
+        self.grad_norms.append([count, total])
         if len(self.grad_norms) >= MAX_GRAD_POINTS:
             self.grad_norms[:] = self.grad_norms[1::2]
             self.grad_stride *= 2
