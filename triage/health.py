@@ -217,7 +217,7 @@ class HealthMonitor:
                 self._bucket_count += 1
         elif loss.is_cuda and loss.numel() == 1:
             # Summed on the device, read when the run is judged: no host-device synchronisation per step.
-            value = loss.detach().float().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+            value = loss.detach()  # a view: no kernel; the sum below is one small kernel, out of place
             self._device_sum = value if self._device_sum is None else self._device_sum + value
             self._bucket_count += 1
         if count % self.stride == 0:
@@ -483,6 +483,8 @@ class HealthMonitor:
             values = torch.stack([self.losses[i][1].reshape(()) for i in device]).cpu().tolist()
             for index, value in zip(device, values):
                 self.losses[index][1] = float(value)
+            # A bucket that held a NaN/Inf loss is the NaN check's to report, not a point of the curve.
+            self.losses[:] = [point for point in self.losses if math.isfinite(point[1])]
 
     def series(self, names: dict[int, str] | None = None) -> dict[str, Any]:
         """The curves for the report (plain data): loss, grad norm, memory per step, gradient flow per parameter."""
