@@ -17,6 +17,7 @@ import gc
 import math
 import os
 import sys
+import time
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -25,7 +26,11 @@ from typing import Any, Callable
 MAX_POINTS = 256  # loss and memory buckets kept; pairs merge when full
 MAX_LOSS_EVERY = 4  # once buckets span several steps, the loss is sampled in them rather than read every step
 MAX_GRAD_POINTS = 64  # grad-norm samples kept
-GRAD_STRIDE_START = 8  # backward calls between grad-norm samples, doubling as samples fill up
+GRAD_STRIDE_START = 8  # backward calls between grad-norm samples, doubling as samples fill up...
+GRAD_SAMPLE_BUDGET = 0.002  # ...or as the samples' cost requires, to stay under this share of the step time
+MAX_GRAD_STRIDE = 1024
+MIN_GRAD_SAMPLES = 4  # taken at the starting stride whatever they cost: the zero-gradient check needs a few
+CLEAR_CHECK_EVERY = 8  # read steps between checks that the last step's gradients were cleared
 GRAPH_SAMPLES_DENSE = 8  # the first backward graphs are all walked, then the 16th, 32nd, ...
 MAX_GRAPH_NODES = 20_000
 MIN_STEPS = 20  # fewer backward calls than this: too short a run to judge the loss
@@ -77,6 +82,7 @@ class HealthMonitor:
         self.stride = 1
         self.every = 1  # the loss is read at every `every`-th backward: 1 for the first buckets, then up to 4
         self.grad_stride = GRAD_STRIDE_START
+        self._last_grad_sample: tuple[float, int] | None = None  # (time, backward count) of the last sample
         self._bucket_sum = 0.0
         self._device_sum: Any = None  # the bucket's loss sum as a CUDA scalar, for a loss that lives on the GPU
         self._bucket_count = 0
@@ -91,6 +97,7 @@ class HealthMonitor:
         self._readers: dict[Any, tuple[Any, int]] = {}  # torch dtype -> (memory view, address shift) for CPU scalars
         # (optimizer steps counted then, a parameter) at a sampled backward: were its gradients cleared before the next?
         self.pending_clear_check: tuple[int, weakref.ref, weakref.ref] | None = None
+        self._sentinel: tuple[weakref.ref, weakref.ref] | None = None  # (optimizer, its smallest parameter)
         self.carried = 0  # sampled backward pairs with a step between them and the gradient still there
         self.cleared = 0
         self.function_inputs: dict[str, int] = {}
@@ -158,6 +165,8 @@ class HealthMonitor:
     def before_backward_graph(self, loss: Any) -> None:
         """Walk the graph of `loss` (before backward frees it): leaves, the loss function, custom Functions."""
         self.graph_samples += 1
+        # ReLU outputs are counted (a pass over each activation) in the 2nd graph and then in the 16th, 32nd, ...
+        read_relus = self.graph_samples == 2 or self.backwards + 1 >= 16
         seen: set[int] = set()
         stack = [loss.grad_fn]
         nodes = 0
@@ -180,7 +189,7 @@ class HealthMonitor:
                 self.function_inputs.setdefault(forward_cls.__qualname__, len(node.next_functions))
             elif name == "NllLossBackward0" and self.classes is None:
                 self._read_loss_node(node)
-            elif name == "ReluBackward0" and self.graph_samples > 1:
+            elif name == "ReluBackward0" and read_relus:
                 self._read_relu(node)
             stack.extend(next_node for next_node, _ in node.next_functions)
 
@@ -235,6 +244,8 @@ class HealthMonitor:
                 self.every = min(self.stride, MAX_LOSS_EVERY)
         if count % self.grad_stride == 0:
             self._sample_gradients(count)
+        if count % CLEAR_CHECK_EVERY == 0 and self.pending_clear_check is None:
+            self._arm_clear_check()
 
     def _memory(self) -> float | None:
         torch = sys.modules.get("torch")
@@ -250,6 +261,18 @@ class HealthMonitor:
             return None
 
     def _sample_gradients(self, count: int) -> None:
+        """Gradient norms now; the next sample is as far off as keeps these samples within GRAD_SAMPLE_BUDGET."""
+        started = time.perf_counter()
+        self._measure_gradients(count)
+        now = time.perf_counter()
+        if self._last_grad_sample is not None and self.grad_samples >= MIN_GRAD_SAMPLES:
+            interval = (now - self._last_grad_sample[0]) / max(1, count - self._last_grad_sample[1])
+            wanted = (now - started) / (GRAD_SAMPLE_BUDGET * interval) if interval > 0 else 1
+            while self.grad_stride < min(wanted, MAX_GRAD_STRIDE):  # powers of two: samples fall on read steps
+                self.grad_stride *= 2
+        self._last_grad_sample = (now, count)
+
+    def _measure_gradients(self, count: int) -> None:
         torch = sys.modules["torch"]
         grads = []
         for key, ref in self.leaves.items():
@@ -266,15 +289,24 @@ class HealthMonitor:
                 if float(norm) == 0.0:
                     self.zero_grad_samples[key] = self.zero_grad_samples.get(key, 0) + 1
         self.grad_samples += 1
-        optimizer = getattr(self.tracker, "optimizer", None)
-        if optimizer is not None:  # the sentinel must be a parameter the stepping optimizer (and its zero_grad) owns
-            owned = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-            if owned:
-                self.pending_clear_check = (self.tracker.steps, weakref.ref(owned[-1]), weakref.ref(owned[-1].grad))
         self.grad_norms.append([count, total])
         if len(self.grad_norms) >= MAX_GRAD_POINTS:
             self.grad_norms[:] = self.grad_norms[1::2]
             self.grad_stride *= 2
+
+    def _arm_clear_check(self) -> None:
+        """Pick the stepping optimizer's smallest parameter (its check is the cheapest) to see if zero_grad() runs."""
+        optimizer = getattr(self.tracker, "optimizer", None)
+        if optimizer is None:
+            return
+        if self._sentinel is None or self._sentinel[0]() is not optimizer:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            if not params:
+                return
+            self._sentinel = (weakref.ref(optimizer), weakref.ref(min(params, key=lambda p: p.numel())))
+        param = self._sentinel[1]()
+        if param is not None and param.grad is not None:
+            self.pending_clear_check = (self.tracker.steps, self._sentinel[1], weakref.ref(param.grad))
 
     def check_cleared(self) -> None:
         """Right before a backward: if a step ran since the sampled one, its gradient tensor should be gone or zero."""
