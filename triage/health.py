@@ -24,16 +24,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 MAX_POINTS = 256  # loss and memory buckets kept; pairs merge when full
-MAX_LOSS_EVERY = 4  # once buckets span several steps, the loss is sampled in them rather than read every step
+LOSS_EVERY_START = 4  # a bucket's width in backward calls at the start (the loss is read once per bucket)
+MAX_LOSS_EVERY = 8  # once buckets span several steps, the loss is sampled in them rather than read every step
+MEMORY_EVERY = 32  # memory is read at bucket ends, and at most every this many backward calls
 MAX_GRAD_POINTS = 64  # grad-norm samples kept
 GRAD_STRIDE_START = 8  # backward calls between grad-norm samples, doubling as samples fill up...
-GRAD_SAMPLE_BUDGET = 0.002  # ...or as the samples' cost requires, to stay under this share of the step time
+GRAD_SAMPLE_BUDGET = 0.001  # ...or as the samples' cost requires, to stay under this share of the step time
 MAX_GRAD_STRIDE = 1024
 MIN_GRAD_SAMPLES = 4  # taken at the starting stride whatever they cost: the zero-gradient check needs a few
-CLEAR_CHECK_EVERY = 8  # read steps between checks that the last step's gradients were cleared
+CLEAR_CHECK_EVERY = 16  # backward calls between checks that the last step's gradients were cleared
 GRAPH_SAMPLES_DENSE = 8  # the first backward graphs are all walked, then the 16th, 32nd, ...
 MAX_GRAPH_NODES = 20_000
-MIN_STEPS = 20  # fewer backward calls than this: too short a run to judge the loss
+MIN_STEPS = 32  # fewer backward calls than this: too short a run to judge the loss
 BACKWARD_WITHOUT_STEP_MIN = 10
 CHANCE_TOLERANCE = 0.015  # the loss ends within this share of log C and never falls below it by more
 FLAT_TOLERANCE = 0.01  # start-to-end change under this share of the loss
@@ -79,8 +81,8 @@ class HealthMonitor:
         self.layer_grads: dict[str, list[float]] = {}  # parameter name -> [mean |grad|, max |grad|] (last sample)
         self.zero_grad_samples: dict[int, int] = {}  # id(param) -> samples in which its gradient was exactly 0
         self.grad_samples = 0
-        self.stride = 1
-        self.every = 1  # the loss is read at every `every`-th backward: 1 for the first buckets, then up to 4
+        self.stride = LOSS_EVERY_START
+        self.every = LOSS_EVERY_START  # the loss is read at every `every`-th backward: 4, then up to 8
         self.grad_stride = GRAD_STRIDE_START
         self._last_grad_sample: tuple[float, int] | None = None  # (time, backward count) of the last sample
         self._bucket_sum = 0.0
@@ -118,26 +120,23 @@ class HealthMonitor:
         tracker = self.tracker
 
         def backward(tensors, *args, **kwargs):
-            watching = tracker is None or not tracker.suspended
-            if watching and monitor.pending_clear_check is not None:
-                monitor.check_cleared()
-            upcoming = monitor.backwards + 1
-            # The first graphs, then those of the 16th, 32nd, 64th... backward.
-            if watching and (upcoming <= GRAPH_SAMPLES_DENSE or not upcoming & (upcoming - 1)):
-                try:  # before backward: it frees the graph
-                    loss = tensors[0] if isinstance(tensors, (tuple, list)) else tensors
-                    if getattr(loss, "grad_fn", None) is not None:
-                        monitor.before_backward_graph(loss)
+            if tracker is not None and tracker.suspended:
+                return original(tensors, *args, **kwargs)  # a probe's replay, not the user's step
+            count = monitor.backwards = monitor.backwards + 1
+            post = False
+            # Everything is read before backward, where the caches are still warm from the forward; on most
+            # steps none of it is due and these two lines are the whole cost.
+            if (monitor.pending_clear_check is not None or not count % monitor.every or count <= GRAPH_SAMPLES_DENSE
+                    or not count & (count - 1)):
+                try:
+                    post = monitor.before_backward(tensors, count)
                 except Exception:
                     if os.environ.get("TRIAGE_DEBUG"):
                         raise
             result = original(tensors, *args, **kwargs)
-            if watching:
-                monitor.backwards = upcoming
-                if upcoming % monitor.every:
-                    return result  # between samples: the whole per-step cost is the lines above
+            if post:
                 try:
-                    monitor.after_backward(tensors)
+                    monitor.after_backward(count)
                 except Exception:
                     if os.environ.get("TRIAGE_DEBUG"):
                         raise
@@ -162,11 +161,11 @@ class HealthMonitor:
 
         return undo
 
-    def before_backward_graph(self, loss: Any) -> None:
+    def walk_graph(self, loss: Any, count: int) -> None:
         """Walk the graph of `loss` (before backward frees it): leaves, the loss function, custom Functions."""
         self.graph_samples += 1
         # ReLU outputs are counted (a pass over each activation) in the 2nd graph and then in the 16th, 32nd, ...
-        read_relus = self.graph_samples == 2 or self.backwards + 1 >= 16
+        read_relus = count == 2 or count >= 16
         seen: set[int] = set()
         stack = [loss.grad_fn]
         nodes = 0
@@ -213,10 +212,21 @@ class HealthMonitor:
             zeros = float((output == 0).sum()) / output.numel()
             self.relu_zero_fraction.append((list(output.shape), zeros))
 
-    def after_backward(self, tensors: Any) -> None:
-        """At every `every`-th backward (counted by the hook): the loss value, memory at bucket ends, gradients."""
-        count = self.backwards
+    def before_backward(self, tensors: Any, count: int) -> bool:
+        """Before the `count`-th backward: the zero_grad check, the graph (sampled), the loss (every `every`-th)
+        and memory; returns whether gradients are to be read after this backward."""
+        if self.pending_clear_check is not None:
+            self.check_cleared()
         loss = tensors[0] if type(tensors) in (tuple, list) else tensors
+        if count <= GRAPH_SAMPLES_DENSE or not count & (count - 1):  # the first graphs, then the 16th, 32nd, ...
+            if getattr(loss, "grad_fn", None) is not None:
+                self.walk_graph(loss, count)
+        if count % self.every:
+            return False
+        self._read_loss(loss, count)
+        return not count % self.grad_stride or not count % CLEAR_CHECK_EVERY
+
+    def _read_loss(self, loss: Any, count: int) -> None:
         reader = self._readers.get(loss.dtype)
         if reader is not None and loss.is_cpu and loss.numel() == 1:
             # The value read by its address (the wrapper's reader): float(loss) costs several times more.
@@ -229,22 +239,27 @@ class HealthMonitor:
             value = loss.detach()  # a view: no kernel; the sum below is one small kernel, out of place
             self._device_sum = value if self._device_sum is None else self._device_sum + value
             self._bucket_count += 1
-        if count % self.stride == 0:
-            if self._bucket_count:
-                total = self._bucket_sum if self._device_sum is None else self._device_sum
-                self.losses.append([count, total / self._bucket_count])
-            self._bucket_sum, self._bucket_count, self._device_sum = 0.0, 0, None
+        if count % self.stride:
+            return
+        if self._bucket_count:
+            total = self._bucket_sum if self._device_sum is None else self._device_sum
+            self.losses.append([count, total / self._bucket_count])
+        self._bucket_sum, self._bucket_count, self._device_sum = 0.0, 0, None
+        if not count % max(self.stride, MEMORY_EVERY):
             memory = self._memory()
             if memory is not None:
                 self.memory.append([count, memory])
-            if len(self.losses) >= MAX_POINTS or len(self.memory) >= MAX_POINTS:
-                _compact(self.losses)
-                _compact(self.memory)
-                self.stride *= 2
-                self.every = min(self.stride, MAX_LOSS_EVERY)
-        if count % self.grad_stride == 0:
+        if len(self.losses) >= MAX_POINTS:
+            _compact(self.losses)
+            _compact(self.memory)
+            self.stride *= 2
+            self.every = min(self.stride, MAX_LOSS_EVERY)
+
+    def after_backward(self, count: int) -> None:
+        """After a backward whose gradients are due: their norms (sampled) and the zero_grad check's sentinel."""
+        if not count % self.grad_stride:
             self._sample_gradients(count)
-        if count % CLEAR_CHECK_EVERY == 0 and self.pending_clear_check is None:
+        if not count % CLEAR_CHECK_EVERY and self.pending_clear_check is None:
             self._arm_clear_check()
 
     def _memory(self) -> float | None:
