@@ -1,11 +1,13 @@
 """Training-health checks: a run that finishes but does not learn, diverges or leaks, turned into a `silent` Incident.
 
-One hook on `torch.autograd.backward` sees every `loss.backward()`: the loss
-value (a float read from a CPU scalar: no copy, no sync), the process memory,
-and at a few sampled steps the autograd graph itself (which parameters it
-reaches, the loss it ends in, custom autograd Functions, ReLU outputs) and the
-gradients it left. Series are kept in a bounded number of buckets whose width
-doubles as the run grows, so the cost per step falls as the run gets longer.
+One hook on `torch.autograd.backward` sees every `loss.backward()`. On most
+steps it only counts; every few steps, before backward runs (the caches are
+still warm from the forward), it reads the loss (a CPU scalar by its address, a
+GPU one summed on the device: no sync) and the process or CUDA memory; at a few
+sampled steps it walks the autograd graph (which parameters it reaches, the
+loss it ends in, custom autograd Functions, ReLU outputs) and, after backward,
+the gradients (at a stride budgeted against the step time). Series are kept in
+a bounded number of buckets whose width doubles as the run grows.
 At the end of the run `findings()` reads it all once; each finding says how many
 steps it watched and the threshold it used, in a `triage: silent: CHECK: ...`
 line the knowledge base (knowledge_base/learning.yaml) matches.
