@@ -128,25 +128,34 @@ def one_round(name: str, source: str, steps: int, watched_first: bool) -> tuple[
     return noise, with_triage, step
 
 
-def time_inside(name: str, steps: int) -> tuple[float, float]:
-    """(µs per step spent in triage's per-step code, bare step µs): the step hook and track()'s batch record."""
-    from triage import wrapper
-    from triage.tracking import Tracker
+def time_inside(name: str, steps: int) -> tuple[float, float, float]:
+    """(µs per step spent in triage's per-step code, of which µs in the training-health checks, bare step µs):
+    the step hook, track()'s batch record, and the health monitor's work around backward() (which the runner
+    installs; it is global, so it cannot be paired per step like watch+track)."""
+    from triage import health, wrapper
+    from triage.tracking import TRACKER, Tracker
 
-    spent = [0]
+    spent, in_health = [0], [0]
     originals = (wrapper.NonFiniteMonitor.step_hook, Tracker.on_batch)
 
-    def timed(function):
+    def timed(function, counter):
         def inner(*args, **kwargs):
             started = time.perf_counter_ns()
             try:
                 return function(*args, **kwargs)
             finally:
-                spent[0] += time.perf_counter_ns() - started
+                counter[0] += time.perf_counter_ns() - started
         return inner
 
-    wrapper.NonFiniteMonitor.step_hook = lambda self, params, tracker: timed(originals[0](self, params, tracker))
-    Tracker.on_batch = timed(originals[1])
+    wrapper.NonFiniteMonitor.step_hook = lambda self, params, tracker: timed(originals[0](self, params, tracker), spent)
+    Tracker.on_batch = timed(originals[1], spent)
+    # The health hook wraps torch.autograd.backward: its cost is the hooked call's time minus the real backward's.
+    real_backward = torch.autograd.backward
+    in_real = [0]
+    torch.autograd.backward = timed(real_backward, in_real)
+    monitor = health.HealthMonitor(TRACKER)
+    undo = monitor.install()
+    torch.autograd.backward = timed(torch.autograd.backward, in_health)
     try:
         model, data = make(name)
         optimizer, loss_fn = optimizer_for(model), nn.CrossEntropyLoss()
@@ -155,11 +164,14 @@ def time_inside(name: str, steps: int) -> tuple[float, float]:
         with triage.watch(model=model, optimizer=optimizer, loss_fn=loss_fn):
             for i in range(steps + 50):
                 if i == 50:
-                    spent[0] = 0
+                    spent[0] = in_health[0] = in_real[0] = 0
                 times.append(timed_step(batches, model, optimizer, loss_fn))
     finally:
+        torch.autograd.backward = real_backward
+        undo()
         wrapper.NonFiniteMonitor.step_hook, Tracker.on_batch = originals
-    return spent[0] / steps / 1000, statistics.median(times[50:]) * 1e6
+    health_ns = in_health[0] - in_real[0]
+    return (spent[0] + health_ns) / steps / 1000, health_ns / steps / 1000, statistics.median(times[50:]) * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,13 +179,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3000, help="paired steps per phase on the MLP (CNN: a quarter)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--inside-only", action="store_true",
+                        help="only the µs spent inside triage's per-step code (hooks, track(), health checks)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"small CPU training loops, batch 64, SGD+momentum, CrossEntropyLoss; torch {torch.__version__}, "
           f"{args.threads} thread(s); step times are this thread's CPU time; {args.rounds} rounds")
     for name in MODELS:
         steps = args.steps if name.startswith("MLP") else max(args.steps // 4, 200)
-        for source in ("dataloader", "list of batches"):
+        for source in () if args.inside_only else ("dataloader", "list of batches"):
             kind = "dataloader" if source == "dataloader" else "list"
             rounds = [one_round(name, kind, steps, watched_first=bool(r % 2)) for r in range(args.rounds)]
             costs = [watched - noise for noise, watched, _ in rounds]
@@ -181,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"watch+track overhead {100 * statistics.median(costs):+.2f}% (median of rounds "
                   f"{', '.join(f'{100 * c:+.2f}%' for c in costs)}; {steps} paired steps each; "
                   f"the pairing alone, both loops bare: {', '.join(f'{100 * r[0]:+.2f}%' for r in rounds)})")
-        inside, step_us = time_inside(name, steps)
+        inside, health_us, step_us = time_inside(name, steps)
         print(f"{name}, dataloader: {inside:.1f} µs per step inside triage's hooks and track() (wall clock, "
-              f"timers included) = {100 * inside / step_us:.2f}% of a {step_us:.0f} µs step")
+              f"timers included) = {100 * inside / step_us:.2f}% of a {step_us:.0f} µs step; of it the "
+              f"training-health checks: {health_us:.1f} µs = {100 * health_us / step_us:.2f}%")
     return 0
 
 

@@ -124,7 +124,7 @@ def test_the_runner_and_the_wrapper_write_the_same_report_with_one_writer(tmp_pa
     ours = json.loads((tmp_path / "wrapper" / "report.json").read_text(encoding="utf-8"))
     assert runner["diagnoses"] == ours["diagnoses"] and runner["diagnoses"][0]["rule"] == "test.order-of-writes"
     assert set(runner) - {"run", "timings"} == set(ours) - {"timings"}
-    assert set(runner["artifacts"]) == set(ours["artifacts"]) == {"report_md", "report_json"}
+    assert set(runner["artifacts"]) == set(ours["artifacts"]) == {"report_md", "report_json", "report_html"}
     for folder in (runner_folder, tmp_path / "wrapper"):
         assert "## Live state" in (folder / "report.md").read_text(encoding="utf-8")
     assert stream.getvalue().rstrip().endswith(f"triage: report written to {Path('wrapper') / 'report.md'}")

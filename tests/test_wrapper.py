@@ -298,7 +298,7 @@ def test_the_per_step_peek_never_reads_a_gradient_that_moved_off_the_cpu_as_host
     param = nn.Parameter(torch.ones(3))
     before_step = monitor.step_hook([param], Tracker())
     moved = type("Moved", (), {"grad": _GradOnAnotherDevice()})()
-    monkeypatch.setattr(wrapper, "sentinel_for", lambda params: [(moved, *wrapper._READERS["torch.float32"])])
+    monkeypatch.setattr(wrapper, "sentinel_for", lambda params: [(moved, *wrapper.READERS["torch.float32"])])
     monitor.step_hook([moved], Tracker())(None, (), {})  # would crash the run if it read the address
     param.grad = torch.tensor([float("nan"), 0.0, 0.0])
     before_step(None, (), {})

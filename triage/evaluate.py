@@ -297,9 +297,12 @@ def main(argv: list[str]) -> int:
     # Logs gathered after the rules were written: scored on their own line, never part of the pass/fail.
     fresh = root / "logs-fresh" if (root / "logs-fresh").is_dir() else None
     if logs is None and scripts is None and fresh is None:
-        # a bare folder of category folders of logs (corpus/logs-fresh itself keeps its own line)
+        # A bare folder: corpus/logs-fresh itself (its own line); of scripts when its expectations name .py files
+        # (one category, e.g. scripts/learning); else of logs.
         if root.resolve().name == "logs-fresh":
             fresh = root
+        elif any(path.suffix == ".py" for path, _ in load_cases(root)):
+            scripts = root
         else:
             logs = root
 

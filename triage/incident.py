@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("exception", "hard-crash", "hang", "nan")
+KINDS = ("exception", "hard-crash", "hang", "nan", "silent")
 
 # Where library code lives; anything else on a stack is the user's.
 _LIBRARY_PATH = re.compile(

@@ -124,11 +124,13 @@ _NAN_LINE = re.compile(
     r"|\bnan\b[^\n]{0,30}\b(?:loss|detected|encountered)\b"
     r"|non-finite (?:loss|gradients|model output) at step \d+"  # the wrapper's own report lines
 )
+# The training-health checks' findings (triage/health.py): a run that ended without learning.
+_SILENT_LINE = re.compile(r"triage: silent: [a-z-]+: ")
 # Words that make a line worth keeping from anywhere in a log; plain substring tests on the
 # lower-cased line, which are far cheaper than a case-insensitive alternation.
 _NOTABLE_WORDS = (
     "error", "assert", "nan", "inf", "killed", "signal", "nccl", "warn", "exception", "timeout",
-    "timed out", "fail", "out of memory", "segmentation", "abort",
+    "timed out", "fail", "out of memory", "segmentation", "abort", "silent:",
 )  # fmt: skip
 _DEATH_WORDS = ("Signal ", "exitcode", "rank", "Killed", "fault", "Bus error", "Aborted", "exception", "instruction")
 
@@ -583,7 +585,9 @@ def _assemble(streams: list[_Stream]) -> Incident:
     if root is not None:
         incident.rank, incident.worker = root.rank, root.worker
     _read_deaths(incident, context, exceptions)
-    if root is None and incident.signal is None and any(_says_nan(line.text) for line in context):
+    if root is None and incident.signal is None and any(_SILENT_LINE.search(line.text) for line in context):
+        incident.kind = "silent"
+    elif root is None and incident.signal is None and any(_says_nan(line.text) for line in context):
         incident.kind = "nan"
     return incident
 

@@ -16,6 +16,8 @@ PROBES: dict[str, str] = {
     "anomaly_rerun": "triage.probes.anomaly_rerun:anomaly_rerun",
     "workers0_rerun": "triage.probes.workers0_rerun:workers0_rerun",
     "memory_breakdown": "triage.probes.memory_breakdown:memory_breakdown",
+    # training-health experiments (the `learning` rules)
+    "gradcheck": "triage.probes.gradcheck:gradcheck",
 }
 
 

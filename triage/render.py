@@ -43,6 +43,8 @@ def _observation(report: Report) -> str:
         return f"the process died of {incident.signal}"
     if incident.kind == "nan":
         return "the loss or gradients became NaN/Inf"
+    if incident.kind == "silent":
+        return "the run finished, but the training-health checks found a problem"
     if exc is not None:
         return "a traceback cut off before its exception line"
     matched_line = report.leading.values.get("log_match", "").strip() if report.leading else ""

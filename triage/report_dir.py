@@ -18,6 +18,7 @@ from .capture.secrets import scrub_data, scrub_text
 from .diagnosis import Report
 from .incident import Frame
 from .render import to_markdown
+from .render_html import to_html
 
 DEFAULT_ROOT = "triage-reports"
 REPORT_DIR_ENV = "TRIAGE_REPORT_DIR"
@@ -108,6 +109,9 @@ class ReportWriter:
         # Everything was scrubbed when it was captured; what a probe added since (a detail quoting a value)
         # goes through the same scrubber here, the last step before any byte reaches the disk.
         _replace(md_path, scrub_text(to_markdown(report) + note + live_state_markdown(report)))
+        html_path = self.folder / "report.html"
+        _replace(html_path, scrub_text(to_html(report)))
+        artifacts["report_html"] = str(html_path)
         data = scrub_data(report.to_dict())
         data["complete"] = complete
         if self.run:

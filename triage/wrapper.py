@@ -14,7 +14,6 @@ optimizer steps.
 
 from __future__ import annotations
 
-import ctypes
 import math
 from math import isfinite
 import os
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from . import tracking
+from .host_memory import READERS
 from .tracking import TRACKER, Tracker
 
 ON_NAN = ("report", "raise", "ignore")
@@ -258,11 +258,6 @@ class DeviceFlags:
         return found
 
 
-# This process's memory as float32 and float64 values, to read one value of a CPU gradient by its address:
-# a subscript, where ctypes' from_address builds an object per read (microseconds with the caches cold right
-# after backward()). Only ever indexed at the address torch gives for a live CPU tensor of that dtype.
-_HOST_MEMORY = memoryview((ctypes.c_char * ((sys.maxsize + 1) // 2)).from_address(0)).cast("B")
-_READERS = {"torch.float32": (_HOST_MEMORY.cast("f"), 2), "torch.float64": (_HOST_MEMORY.cast("d"), 3)}
 
 
 def sentinel_for(params: list[Any]) -> list[tuple[Any, Any, int]]:
@@ -272,7 +267,7 @@ def sentinel_for(params: list[Any]) -> list[tuple[Any, Any, int]]:
     chosen = [params[-1], params[0]] if len(params) > 1 else list(params)
     out = []
     for param in chosen:
-        view, shift = _READERS.get(str(param.dtype), (None, 0))
+        view, shift = READERS.get(str(param.dtype), (None, 0))
         if param.is_cuda or param.is_meta or param.numel() == 0:
             view = None
         out.append((param, view, shift))
@@ -528,8 +523,11 @@ class watch:
     """
 
     def __init__(self, model: Any = None, optimizer: Any = None, loss_fn: Any = None, on_nan: str = "report",
-                 record_calls: bool = False, tracker: Tracker | None = None) -> None:
+                 record_calls: bool = False, tracker: Tracker | None = None, health: bool = False) -> None:
         self.tracker = tracker or TRACKER
+        # health=True: the training-health checks (triage/health.py) watch this block and report when it ends.
+        self.health = health
+        self._health_undo: Callable[[], None] | None = None
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.record_calls = record_calls or optimizer is None
         self.monitor = NonFiniteMonitor(self.tracker, on_nan, model)
@@ -546,6 +544,7 @@ class watch:
         t.loss_fn = self.loss_fn if self.loss_fn is not None else t.loss_fn
         t.watch_active = True
         self._hook()
+        self._start_health()
         if tracking.capture_owner is None and not installed():
             install()
             self._installed_here = True
@@ -556,12 +555,38 @@ class watch:
             handle.remove()
         self._handles.clear()
         self.tracker.watch_active = False
+        self._finish_health(judge=exc is None)
         if exc is None:
             for key, value in self._saved.items():
                 setattr(self.tracker, key, value)
             if self._installed_here:
                 uninstall()
         return False
+
+    def _start_health(self) -> None:
+        from . import health
+
+        if self.health and health.MONITOR is None:  # under the runner its own monitor already watches
+            self._health_undo = health.start(self.tracker).undo  # type: ignore[attr-defined]
+
+    def _finish_health(self, judge: bool) -> None:
+        """Judge the block that just ended (unless it raised) and report its findings as a `silent` incident."""
+        if self._health_undo is None:
+            return
+        from . import health
+
+        monitor, self._health_undo, undo = health.MONITOR, None, self._health_undo
+        undo()
+        health.MONITOR = None
+        if not judge or monitor is None:
+            return
+        main = sys.modules.get("__main__")
+        incident = health.silent_incident(monitor, self.tracker.steps, getattr(main, "__dict__", None))
+        if incident is not None:
+            if incident_handler is not None:
+                incident_handler(incident, self.tracker)
+            else:
+                diagnose_live(incident, None, self.tracker)
 
     def _hook(self) -> None:
         from torch import nn

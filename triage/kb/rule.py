@@ -18,7 +18,7 @@ from .yamlpos import LocatedDict, LocatedList, Position
 
 CATEGORIES = (
     "shape", "device", "dtype", "index", "cuda-assert", "inplace", "autograd", "oom", "nan",
-    "dataloader", "checkpoint", "distributed", "cuda-env", "compile", "python",
+    "dataloader", "checkpoint", "distributed", "cuda-env", "compile", "learning", "python",
 )  # fmt: skip
 
 RULE_KEYS = {
@@ -44,7 +44,7 @@ MATCH_KEYS = {
     "log": "regex(es) searched in the log lines around the failure",
     "not_log": "regex(es) that must not match the log lines",
     "frame": "regexes for a frame's file/function/code; any frame may match",
-    "kind": "incident kind(s): exception, hard-crash, hang, nan",
+    "kind": "incident kind(s): exception, hard-crash, hang, nan, silent",
 }
 FRAME_KEYS = {"file", "function", "code", "user"}
 EXAMPLE_KEYS = {"match", "no_match"}

@@ -97,6 +97,12 @@ class Session:
         except Exception as exc:
             self.internal_error(exc, "starting the NaN/Inf checks")
         try:
+            from .. import health
+
+            health.start(TRACKER)  # loss, gradients and memory per backward(): judged when the run ends
+        except Exception as exc:
+            self.internal_error(exc, "starting the training-health checks")
+        try:
             on_error = lambda exc: self.internal_error(exc, "tracking progress")  # noqa: E731
             TorchHooks(TRACKER, self.heartbeat, self.channel, on_error, feed_tracker=feed_tracker).install()
         except Exception as exc:
@@ -169,6 +175,23 @@ class Session:
             self.internal_error(error, "triaging the non-finite values")
         finally:
             self.set_phase(PHASE_RUNNING)
+
+    def report_health(self) -> None:
+        """The script finished: a run that did not learn, diverged or leaked gets a `silent` report (exit status kept)."""
+        if os.getpid() != self.pid or "torch" not in sys.modules:
+            return
+        from .. import health
+
+        if health.MONITOR is None or (self._reporter is not None and self._reporter.folders):
+            return  # a run already reported (NaN/Inf) gets no second, consequential report
+        try:
+            main = sys.modules.get("__main__")
+            incident = health.silent_incident(health.MONITOR, TRACKER.steps, getattr(main, "__dict__", None))
+        except Exception as error:
+            self.internal_error(error, "judging the training health")
+            return
+        if incident is not None:
+            self.report_incident(incident, TRACKER)
 
     def _dead_workers(self, patient: bool = False) -> list[tuple[dict, str]]:
         """DataLoader workers that already died, and how (read without reaping them, as torch's own check does).
@@ -267,8 +290,10 @@ def run_child(target: str, module: bool, args: list[str], channel: Channel, conf
             _run_module(target)
         else:
             _run_path(target)
-    except SystemExit:
+    except SystemExit as exit_:
         if session is not None:
+            if exit_.code in (None, 0):
+                session.report_health()
             session.set_phase(PHASE_EXITING)
         raise
     except KeyboardInterrupt as exc:
@@ -282,6 +307,7 @@ def run_child(target: str, module: bool, args: list[str], channel: Channel, conf
             session.set_phase(PHASE_TRIAGING)
         _exit_failed(exc, session)
     if session is not None:
+        session.report_health()
         session.set_phase(PHASE_EXITING)
     raise SystemExit(0)
 
