@@ -321,8 +321,9 @@ def test_ranks_started_by_torchrun_with_dash_m_triage_write_one_job_report(tmp_p
 def test_live_job_that_succeeds_leaves_no_report_and_exits_zero(tmp_path):
     pytest.importorskip("torch")
     script = tmp_path / "ok.py"
+    # One write per rank: two ranks' print() calls interleave word by word on the shared pipe.
     script.write_text("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
-                      "x = torch.ones(2)\ndist.all_reduce(x)\nprint('sum', x.tolist())\n")
+                      "x = torch.ones(2)\ndist.all_reduce(x)\nimport os\nos.write(1, f'sum {x.tolist()}\\n'.encode())\n")
     command = [sys.executable, "-m", "triage", "torchrun", "--standalone", "--nproc_per_node=2", "ok.py"]
     done = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
