@@ -421,7 +421,9 @@ def _run_stdin() -> None:
     main.__dict__["__file__"] = "<stdin>"
     main.__dict__["__cached__"] = None
     main.__dict__["__loader__"] = sys.modules["builtins"].__loader__
-    exec(compile(source, "<stdin>", "exec", dont_inherit=True), main.__dict__)
+    code = compile(source, "<stdin>", "exec", dont_inherit=True)
+    _give_python_headroom(counted_calls_between=1)
+    exec(code, main.__dict__)
 
 
 def _run_path(target: str) -> None:
