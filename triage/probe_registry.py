@@ -18,6 +18,7 @@ PROBES: dict[str, str] = {
     "memory_breakdown": "triage.probes.memory_breakdown:memory_breakdown",
     # training-health experiments (the `learning` rules)
     "gradcheck": "triage.probes.gradcheck:gradcheck",
+    "determinism": "triage.probes.determinism:determinism",
 }
 
 
