@@ -61,7 +61,7 @@ def test_numpy_noise_inside_the_model_is_confirmed_and_named():
     result = determinism(_context(model, _batch()))
     assert result.status == "confirmed", result.detail
     assert result.facts["module"] == "2" and result.facts["differs"] == "the output"
-    assert "2 (NumpyNoise)" in result.detail
+    assert "the output of module 2 (NumpyNoise)" in result.detail
     assert result.facts["source"] == "np.random.randn"
     assert not torch.are_deterministic_algorithms_enabled()
 
@@ -87,3 +87,15 @@ def test_op_without_deterministic_kernel_is_named():
 def test_no_model_is_skipped():
     result = determinism(ProbeContext(incident=Incident(kind="silent")))
     assert result.status == "skipped"
+
+
+def test_model_found_from_optimizer_is_the_global_not_its_last_layer(monkeypatch):
+    # Sequential(parameterless layer, Linear): both own every optimized parameter; the script's `model` is the model
+    import sys
+
+    from triage.probes.runner import _model_from_optimizer
+
+    model = nn.Sequential(NumpyNoise(), nn.Linear(8, 4))
+    monkeypatch.setattr(sys.modules["__main__"], "model", model, raising=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert _model_from_optimizer(optimizer) is model
