@@ -99,3 +99,32 @@ def test_model_found_from_optimizer_is_the_global_not_its_last_layer(monkeypatch
     monkeypatch.setattr(sys.modules["__main__"], "model", model, raising=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     assert _model_from_optimizer(optimizer) is model
+
+
+def test_compile_compare_agrees_then_finds_a_hook_compiled_code_skips():
+    from triage.probes.compile_compare import compile_compare
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    compiled = torch.compile(model)
+    batch = _batch()
+    try:
+        compiled(batch[0])
+    except Exception as exc:  # no C++ toolchain here: the probe must say so, not guess
+        result = compile_compare(_context(compiled, batch))
+        assert result.status == "inconclusive" and "compiled replay raised" in result.detail, (exc, result.detail)
+        return
+    assert compile_compare(_context(compiled, batch)).status == "refuted"
+    # dynamo does not guard module hooks: one added after the first compiled call runs eagerly only
+    model[1].register_forward_hook(lambda module, args, output: output * 0.5)
+    result = compile_compare(_context(compiled, batch))
+    assert result.status == "confirmed", result.detail
+    assert result.facts["differs"] == ["the output", "the loss"]
+    assert result.facts["modules"][0] == "0" and "module 0 (Linear)" in result.detail
+
+
+def test_compile_compare_refutes_an_eager_model():
+    from triage.probes.compile_compare import compile_compare
+
+    result = compile_compare(_context(nn.Linear(8, 4), _batch()))
+    assert result.status == "refuted" and "not wrapped in torch.compile" in result.detail

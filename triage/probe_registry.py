@@ -19,6 +19,7 @@ PROBES: dict[str, str] = {
     # training-health experiments (the `learning` rules)
     "gradcheck": "triage.probes.gradcheck:gradcheck",
     "determinism": "triage.probes.determinism:determinism",
+    "compile_compare": "triage.probes.compile_compare:compile_compare",
 }
 
 
