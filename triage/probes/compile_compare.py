@@ -1,4 +1,4 @@
-"""compile_compare: run the last step eagerly and through torch.compile and compare the output and each module's gradients.
+"""compile_compare: replay the last step eagerly and through torch.compile; compare the output and per-module gradients.
 
 For a model wrapped in torch.compile (an OptimizedModule, whose `_orig_mod` is
 the eager model) the captured step is replayed twice from the same weights and
@@ -12,6 +12,7 @@ after its first call are not guarded by dynamo, and would be skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -36,9 +37,8 @@ def compile_compare(ctx: ProbeContext) -> ProbeResult:
         return result(NAME, "refuted", f"the model ({type(ctx.model).__name__}) is not wrapped in torch.compile: "
                       "it runs eagerly")
     eager = compiled._orig_mod
-    ctx.model = eager  # the step is rebuilt around the eager module; the compiled one shares its parameters
-    try:
-        step = rebuild(ctx, poisoned=False, with_failing=False)
+    try:  # the step is rebuilt around the eager module; the compiled one shares its parameters
+        step = rebuild(dataclasses.replace(ctx, model=eager), poisoned=False, with_failing=False)
     except Unavailable as exc:
         return result(NAME, "skipped", str(exc))
     if step.model_call is None:
