@@ -18,6 +18,8 @@ PROBES: dict[str, str] = {
     "memory_breakdown": "triage.probes.memory_breakdown:memory_breakdown",
     # training-health experiments (the `learning` rules)
     "gradcheck": "triage.probes.gradcheck:gradcheck",
+    "determinism": "triage.probes.determinism:determinism",
+    "compile_compare": "triage.probes.compile_compare:compile_compare",
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -254,7 +255,11 @@ def _model_from_optimizer(optimizer: Any) -> Any:
         wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
     except Exception:
         return None
-    best, best_key = None, (0, 0)
+    # A module the script binds to a global name (`model = nn.Sequential(...)`) outranks its own layers that own the
+    # same parameters (a Linear after parameterless layers), which would otherwise win on having fewer modules.
+    main = sys.modules.get("__main__")
+    named = {id(value) for value in getattr(main, "__dict__", {}).values() if isinstance(value, nn.Module)}
+    best, best_key = None, (0, False, 0)
     with warnings.catch_warnings():  # isinstance() on some lazy module attributes warns about deprecations
         warnings.simplefilter("ignore")
         modules = [obj for obj in gc.get_objects() if isinstance(obj, nn.Module)]
@@ -263,7 +268,7 @@ def _model_from_optimizer(optimizer: Any) -> Any:
             owned = sum(1 for p in module.parameters() if id(p) in wanted)
         except Exception:
             continue
-        key = (owned, -sum(1 for _ in module.modules()))  # all of them, with the fewest modules: the model itself
+        key = (owned, id(module) in named, -sum(1 for _ in module.modules()))  # all of them, fewest modules: the model
         if owned and key > best_key:
             best, best_key = module, key
     return best
