@@ -15,15 +15,15 @@ line the knowledge base (knowledge_base/learning.yaml) matches.
 
 from __future__ import annotations
 
-import gc
 import math
 import os
 import sys
 import time
-import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from .live_objects import live_objects
 
 MAX_POINTS = 256  # loss and memory buckets kept; pairs merge when full
 LOSS_EVERY_START = 4  # a bucket's width in backward calls at the start (the loss is read once per bucket)
@@ -614,16 +614,10 @@ def _open_statm() -> int | None:
         return None
 
 
-def _live_objects(kind: type) -> list[Any]:
-    with warnings.catch_warnings():  # isinstance() on some lazy torch attributes warns about deprecations
-        warnings.simplefilter("ignore")
-        return [obj for obj in gc.get_objects() if isinstance(obj, kind)]
-
-
 def _live_optimizers() -> list[Any]:
     from torch.optim import Optimizer
 
-    return _live_objects(Optimizer)
+    return live_objects(Optimizer)
 
 
 def _parameter_names(main_globals: dict[str, Any] | None) -> dict[int, str]:
@@ -633,7 +627,7 @@ def _parameter_names(main_globals: dict[str, Any] | None) -> dict[int, str]:
     names: dict[int, str] = {}
     modules = _global_modules(main_globals)
     if not modules:  # a script that keeps its model in a function: the largest live module, unnamed
-        live = _live_objects(nn.Module)
+        live = live_objects(nn.Module)
         modules = [("", max(live, key=lambda m: sum(1 for _ in m.parameters())))] if live else []
     for prefix, module in sorted(modules, key=lambda item: -sum(1 for _ in item[1].parameters())):
         for name, param in module.named_parameters():
@@ -650,7 +644,7 @@ def _stray_requires_grad(params: list, main_globals: dict[str, Any] | None) -> l
     for prefix, module in _global_modules(main_globals):
         for name, sub in module.named_modules():
             module_names.setdefault(id(sub), ".".join(filter(None, [prefix, name])))
-    return [module_names.get(id(obj), type(obj).__name__) for obj in _live_objects(nn.Module)
+    return [module_names.get(id(obj), type(obj).__name__) for obj in live_objects(nn.Module)
             if "requires_grad" in obj.__dict__ and any(id(p) in wanted for p in obj.parameters())]
 
 

@@ -16,7 +16,6 @@ import importlib
 import os
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -247,9 +246,9 @@ def _loader_from_traceback(exception: BaseException | None) -> Any:
 
 def _model_from_optimizer(optimizer: Any) -> Any:
     """The module that owns most of the optimizer's parameters (found among live objects, once, at a failure)."""
-    import gc
-
     from torch import nn
+
+    from ..live_objects import live_objects
 
     try:
         wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
@@ -260,10 +259,7 @@ def _model_from_optimizer(optimizer: Any) -> Any:
     main = sys.modules.get("__main__")
     named = {id(value) for value in getattr(main, "__dict__", {}).values() if isinstance(value, nn.Module)}
     best, best_key = None, (0, False, 0)
-    with warnings.catch_warnings():  # isinstance() on some lazy module attributes warns about deprecations
-        warnings.simplefilter("ignore")
-        modules = [obj for obj in gc.get_objects() if isinstance(obj, nn.Module)]
-    for module in modules:
+    for module in live_objects(nn.Module):
         try:
             owned = sum(1 for p in module.parameters() if id(p) in wanted)
         except Exception:
