@@ -22,7 +22,7 @@ from torch import nn
 from ..diagnosis import ProbeResult
 from ._support import Unavailable, display_name, exception_line, result
 from .context import ProbeContext
-from .step import Call, Step, call, first_tensor, rebuild
+from .step import StepRun, rebuild, replay_from
 
 NAME = "compile_compare"
 SEED = 0
@@ -45,11 +45,11 @@ def compile_compare(ctx: ProbeContext) -> ProbeResult:
         return result(NAME, "skipped", "the model's last call could not be rebuilt from the captured batch")
     initial = {k: v.detach().clone() for k, v in eager.state_dict(keep_vars=True).items()}
     try:
-        eager_run = _run(step, eager, eager, initial)
+        eager_run = replay_from(step, initial, SEED)
     except Exception as exc:
         return result(NAME, "inconclusive", f"the eager replay raised {exception_line(exc)}")
     try:
-        compiled_run = _run(step, compiled, eager, initial)
+        compiled_run = replay_from(step, initial, SEED, through=compiled)
     except Exception as exc:  # no C++ compiler, an unsupported op: the comparison cannot be made
         return result(NAME, "inconclusive", f"the compiled replay raised {exception_line(exc)}")
     return _compare(eager, eager_run, compiled_run)
@@ -67,39 +67,17 @@ def _compiled_model(model: Any) -> Any:
     return None
 
 
-def _run(step: Step, module: nn.Module, eager: nn.Module, initial: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """Output, loss and parameter gradients of one replay through `module`, from the same weights and seed."""
-    with torch.no_grad():
-        for key, value in eager.state_dict(keep_vars=True).items():
-            value.copy_(initial[key])
-    for p in eager.parameters():
-        p.grad = None
-    torch.manual_seed(SEED)
-    output = call(Call("model", module, step.model_call.inputs))
-    main = first_tensor(output)
-    loss = None
-    if step.loss_call is not None:
-        loss = first_tensor(call(step.loss_call, output))
-    if loss is None and main is not None and main.is_floating_point():
-        loss = main.float().sum()
-    if loss is not None and loss.requires_grad:
-        loss.backward()
-    return {"output": main.detach().clone() if main is not None else None,
-            "loss": loss.detach().clone() if loss is not None else None,
-            "grads": {n: p.grad.detach().clone() for n, p in eager.named_parameters() if p.grad is not None}}
-
-
-def _compare(eager: nn.Module, first: dict[str, Any], second: dict[str, Any]) -> ProbeResult:
+def _compare(eager: nn.Module, first: StepRun, second: StepRun) -> ProbeResult:
     differs: list[str] = []
     worst: dict[str, float] = {}
     for key in ("output", "loss"):
-        gap = _gap(first[key], second[key])
+        gap = _gap(getattr(first, key), getattr(second, key))
         if gap is not None:
             differs.append(f"the {key}")
             worst[key] = gap
     modules: list[str] = []
-    for name, grad in first["grads"].items():
-        gap = _gap(grad, second["grads"].get(name))
+    for name, grad in first.grads.items():
+        gap = _gap(grad, second.grads.get(name))
         path = name.rpartition(".")[0]
         if gap is not None and path not in modules:
             modules.append(path)
@@ -107,7 +85,7 @@ def _compare(eager: nn.Module, first: dict[str, Any], second: dict[str, Any]) ->
     facts = {"differs": differs, "modules": modules, "max_abs_difference": worst}
     if not differs and not modules:
         return result(NAME, "refuted", f"eager and compiled replays of the step agree on the output, the loss and "
-                      f"{len(first['grads'])} gradients (rtol {RTOL:g}, atol {ATOL:g})", **facts)
+                      f"{len(first.grads)} gradients (rtol {RTOL:g}, atol {ATOL:g})", **facts)
     named = ", ".join(display_name(m, eager.get_submodule(m)) if m else type(eager).__name__ for m in modules[:4])
     where = f"; the first module whose gradients differ is module {named.split(', ')[0]}" if modules else ""
     what = " and ".join(differs) or "the gradients"

@@ -27,7 +27,7 @@ from torch import nn
 from ..diagnosis import ProbeResult
 from ._support import Unavailable, display_name, exception_line, module_names, result
 from .context import ProbeContext
-from .step import ModelOutput, Step, call, first_tensor, rebuild
+from .step import Step, first_tensor, rebuild, replay_from
 
 NAME = "determinism"
 SEED = 0
@@ -101,13 +101,8 @@ def _under_deterministic_algorithms(step: Step, initial: dict[str, torch.Tensor]
 
 
 def _replay(step: Step, initial: dict[str, torch.Tensor]) -> Replay:
-    """One replay from the same weights, buffers and torch seed: forward, loss, backward."""
+    """One replay from the same weights, buffers and torch seed, with every module's output recorded."""
     model = step.model.module
-    with torch.no_grad():
-        for key, value in model.state_dict(keep_vars=True).items():
-            value.copy_(initial[key])  # undo what the previous replay did to running statistics
-    for p in model.parameters():
-        p.grad = None
     replay = Replay()
     names = module_names(model)
 
@@ -117,31 +112,13 @@ def _replay(step: Step, initial: dict[str, torch.Tensor]) -> Replay:
             replay.outputs.append((names.get(id(module), ""), tensor.detach().clone()))
 
     handles = [m.register_forward_hook(record) for m in model.modules()]
-    torch.manual_seed(SEED)
     try:
-        output = call(step.model_call)
-        loss = None
-        if step.loss_call is not None:
-            loss = call(step.loss_call, output) if _takes_output(step) else None
-        if loss is None:
-            main = first_tensor(output)
-            loss = main.float().sum() if main is not None and main.is_floating_point() else None
-        else:
-            loss = first_tensor(loss)
+        run = replay_from(step, initial, SEED)
     finally:
         for handle in handles:
             handle.remove()
-    if loss is not None:
-        replay.loss = loss.detach().clone()
-        if loss.requires_grad:
-            loss.backward()
-    replay.grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    replay.loss, replay.grads = run.loss, run.grads
     return replay
-
-
-def _takes_output(step: Step) -> bool:
-    args = step.loss_call.inputs.args
-    return any(a is ModelOutput or (isinstance(a, torch.Tensor) and a.is_floating_point()) for a in args)
 
 
 def _first_difference(first: Replay, second: Replay) -> tuple[str, str] | None:

@@ -180,3 +180,46 @@ def first_tensor(output: Any) -> torch.Tensor | None:
         if isinstance(value, torch.Tensor):
             return value
     return next((t for _, t in iter_tensors(output)), None)
+
+
+@dataclass
+class StepRun:
+    """What one replay of a step produced: the model's output, the loss, and each parameter's gradient."""
+
+    output: torch.Tensor | None
+    loss: torch.Tensor | None
+    grads: dict[str, torch.Tensor]
+
+
+def replay_from(step: Step, initial: dict[str, torch.Tensor], seed: int, through: nn.Module | None = None) -> StepRun:
+    """Forward, loss and backward from the weights and buffers in `initial` with `torch.manual_seed(seed)`.
+
+    `through` runs the forward through another module sharing the model's parameters (a torch.compile
+    wrapper). The loss is the step's own when its call takes the model's output, else the output's sum.
+    Used where two replays are compared (determinism, compile_compare), so each starts from the same state.
+    """
+    model = step.model.module
+    with torch.no_grad():
+        for key, value in model.state_dict(keep_vars=True).items():
+            value.copy_(initial[key])  # undo what a previous replay did to running statistics
+    for param in model.parameters():
+        param.grad = None
+    torch.manual_seed(seed)
+    forward = step.model_call if through is None else Call("model", through, step.model_call.inputs)
+    output = call(forward)
+    main = first_tensor(output)
+    loss = None
+    if step.loss_call is not None and _takes_output(step.loss_call):
+        loss = first_tensor(call(step.loss_call, output))
+    if loss is None and main is not None and main.is_floating_point():
+        loss = main.float().sum()
+    if loss is not None and loss.requires_grad:
+        loss.backward()
+    return StepRun(output=main.detach().clone() if main is not None else None,
+                   loss=loss.detach().clone() if loss is not None else None,
+                   grads={n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+
+
+def _takes_output(loss_call: Call) -> bool:
+    return any(a is ModelOutput or (isinstance(a, torch.Tensor) and a.is_floating_point())
+               for a in loss_call.inputs.args)
