@@ -12,7 +12,6 @@ import dataclasses
 import io
 import os
 import sys
-from typing import Any
 
 import pytest
 

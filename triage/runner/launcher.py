@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -59,7 +60,6 @@ def split_launch(options: RunOptions) -> tuple[list[str], str, list[str], bool, 
 def run_job(options: RunOptions, argv_options: list[str]) -> int:
     """Run the launcher with every worker under triage; write the job's report; return (or die of) its status."""
     import shutil
-    import subprocess
     import tempfile
 
     launcher = [sys.executable, "-m", options.target] if options.module else [shutil.which(options.target) or options.target]
