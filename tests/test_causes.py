@@ -40,7 +40,9 @@ RULE = """\
           text: Give the last layer {{ probe.index_range.target_max + 1 }} outputs.
           trial: resize-head
   examples:
-    match: ['IndexError: Target 10 is out of bounds.']
+    match:
+      - 'IndexError: Target 10 is out of bounds.'
+      - {log: 'IndexError: Target 255 is out of bounds.', cause: void-label}
     no_match: ['IndexError: index out of range in self']
 """
 
@@ -185,3 +187,15 @@ def test_reports_show_what_would_decide_and_each_fix_s_verdict(tmp_path):
         assert "To decide" not in text
         assert "Give the last layer 11 outputs. (fix verified: with nn.Linear(64, 11) as fc the step runs" in text
         assert "tried: Subtract 1 from the labels where the Dataset builds them. (fails: now: IndexError" in text
+
+
+def test_rule_examples_check_the_cause_the_log_chooses(tmp_path):
+    from triage.kb.selftest import test_rules as run_examples
+
+    kb = load_paths([write(tmp_path, RULE)])
+    assert run_examples(kb)[1] == []
+    wrong = load_paths([write(tmp_path, RULE.replace("cause: void-label}", "cause: one-based-labels}"))])
+    [failure] = run_examples(wrong)[1]
+    assert "expected cause 'one-based-labels', the log chose 'void-label'" in str(failure)
+    unknown = load_paths([write(tmp_path, RULE.replace("cause: void-label}", "cause: off-by-one}"))])
+    assert any("example names cause 'off-by-one'" in p.message for p in unknown.problems)

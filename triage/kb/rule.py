@@ -61,7 +61,7 @@ MATCH_KEYS = {
 }
 FRAME_KEYS = {"file", "function", "code", "user"}
 EXAMPLE_KEYS = {"match", "no_match"}
-EXAMPLE_ITEM_KEYS = {"log", "vars"}
+EXAMPLE_ITEM_KEYS = {"log", "vars", "cause"}
 ID_PATTERN = re.compile(r"[a-z][a-z0-9-]*(?:\.[a-z0-9][a-z0-9-]*)+")
 SLUG_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]*")
 DEFAULT_CONFIDENCE = 0.8
@@ -91,6 +91,7 @@ class Example:
     line: int
     vars: dict[str, Any] = field(default_factory=dict)
     col: int = 1
+    cause: str | None = None  # the cause the log alone must choose (its slug)
 
 
 @dataclass
@@ -520,7 +521,11 @@ class _Builder:
                     if not isinstance(values, dict):
                         self.problem(self.value_pos(item, "vars"), "'vars' must map names to expected values")
                         values = {}
-                    target.append(Example(item["log"], position.line, dict(values), position.col))
+                    cause = item.get("cause")
+                    if cause is not None and cause not in {c.id for c in rule.causes}:
+                        self.problem(self.value_pos(item, "cause"), f"example names cause '{cause}', which this rule "
+                                     "does not have", "one of: " + (", ".join(c.id for c in rule.causes) or "none"))
+                    target.append(Example(item["log"], position.line, dict(values), position.col, cause))
                 else:
                     self.problem(position, "an example is a log excerpt, or a mapping with 'log' and 'vars'")
 
