@@ -497,3 +497,92 @@ def test_a_trial_refuses_to_run_in_the_user_s_process(script):
     ctx = step_context(model, (torch.randn(4, 4), torch.tensor([1, 10, 3, 7])), nn.CrossEntropyLoss())
     with pytest.raises(RuntimeError, match="run it through run_trial"):
         TRIALS["resize-head"](ctx, {})
+
+
+# ---------------------------------------------------------------------------- in the pipeline
+
+RULE = """\
+- id: team.label-out-of-range
+  category: index
+  title: Label {{ target }} is out of range
+  match:
+    exception: IndexError
+    message: 'Target (?P<target>-?\\d+) is out of bounds'
+  hypothesis: The loss got label {{ target }}, beyond the model's classes.
+  fix: Make every label fit 0..C-1.
+  probes: [index_range]
+  causes:
+    - id: label-off-by-one
+      hypothesis: The labels do not start at 0.
+      fixes:
+        - id: cast-labels
+          text: Cast the labels to long.
+          trial: target-long
+        - id: shift-labels
+          text: Subtract 1 from the labels.
+          trial: shift-labels
+        - id: ignore-void
+          text: Pass ignore_index={{ target }} to the loss.
+          trial: ignore-index
+  examples:
+    match: ['IndexError: Target 10 is out of bounds.']
+    no_match: ['IndexError: index out of range in self']
+"""
+
+
+def _triaged(tmp_path, model, batch):
+    from triage.kb import load_paths
+    from triage.pipeline import LiveContext, triage_incident
+    from triage.wrapper import incident_from_exception
+
+    rules = tmp_path / "team.yaml"
+    rules.write_text(RULE)
+    kb = load_paths([rules])
+    assert kb.problems == []
+    loss_fn = nn.CrossEntropyLoss()
+    exc = raised(lambda: loss_fn(model(batch[0]), batch[1]).backward())
+    live = LiveContext(exception=exc, tracker=Tracker(model=model, batch=batch, loss_fn=loss_fn))
+    return triage_incident(incident_from_exception(exc), kb, live=live)
+
+
+def test_the_pipeline_leads_with_the_fix_a_trial_verified(script, tmp_path):
+    from triage.render import to_markdown
+
+    report = _triaged(tmp_path, script.Classifier(classes=10), (torch.randn(4, 4), torch.tensor([1, 10, 3, 7])))
+    leading = report.leading
+    assert [(f.id, f.verdict) for f in leading.fixes] == [("shift-labels", "verified"), ("cast-labels", "not tried"),
+                                                          ("ignore-void", None)]
+    trial_result = next(p for p in leading.probes if p.name == "fix_trial")
+    assert trial_result.status == "confirmed"
+    as_json = leading.to_dict()
+    assert as_json["fix_id"] == "shift-labels" and as_json["fix"] == "Subtract 1 from the labels."
+    markdown = to_markdown(report)
+    assert "**Fix.** Subtract 1 from the labels. (fix verified: with labels - 1 (now 0..9) the step runs" in markdown
+    assert "- or: Cast the labels to long. (not tried: the target is already int64)" in markdown
+
+
+def test_the_pipeline_moves_a_failed_fix_below_the_next_candidate(script, tmp_path):
+    from triage.render import to_markdown
+
+    report = _triaged(tmp_path, script.Classifier(classes=10), (torch.randn(3, 4), torch.tensor([0, 255, 3])))
+    leading = report.leading
+    assert [(f.id, f.verdict) for f in leading.fixes] == [("ignore-void", "verified"), ("cast-labels", "not tried"),
+                                                          ("shift-labels", "fails")]
+    markdown = to_markdown(report)
+    assert "**Fix.** Pass ignore_index=255 to the loss. (fix verified: with CrossEntropyLoss(ignore_index=255)" \
+        in markdown
+    assert "- tried: Subtract 1 from the labels. (fails: now IndexError: Target -1 is out of bounds.)" in markdown
+
+
+def test_when_every_fix_fails_the_leading_fix_says_what_it_now_raises(script, tmp_path):
+    from triage.render import to_markdown
+
+    model = script.Classifier(classes=10)
+    report = _triaged(tmp_path, model, (torch.randn(3, 4), torch.tensor([0, 255, 12])))  # two labels out of range
+    leading = report.leading
+    assert [(f.id, f.verdict) for f in leading.fixes] == [("cast-labels", "not tried"), ("shift-labels", "fails"),
+                                                          ("ignore-void", "fails")]
+    assert next(p for p in leading.probes if p.name == "fix_trial").status == "refuted"
+    markdown = to_markdown(report)
+    assert "**Fix.** Cast the labels to long. (fix not tried: the target is already int64)" in markdown
+    assert "- tried: Pass ignore_index=255 to the loss. (fails: now IndexError: Target 12 is out of bounds.)" in markdown
