@@ -398,10 +398,10 @@ def test_stripping_does_not_apply_to_a_state_dict_of_another_model(script):
     assert (outcome.verdict, outcome.detail) == ("not tried", "no key of the state dict starts with `module.`")
 
 
-def test_a_config_object_refused_by_the_weights_only_unpickler(script, tmp_path):
-    path = tmp_path / "ckpt.pt"
-    torch.save({"config": script.Config(), "weights": torch.ones(2)}, path)
-    exc = raised(torch.load, path, weights_only=True)
+def test_a_config_object_refused_by_the_weights_only_unpickler(script, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a path relative to the script's folder: the trial's child works in its own
+    torch.save({"config": script.Config(), "weights": torch.ones(2)}, "ckpt.pt")
+    exc = raised(torch.load, "ckpt.pt", weights_only=True)
     ctx = live_context(exc)
     unsafe = trial("weights-only-false", ctx)
     assert (unsafe.verdict, unsafe.detail) == ("verified", "with weights_only=False torch.load reads the checkpoint "

@@ -29,6 +29,7 @@ import functools
 import importlib
 import inspect
 import math
+import os
 import re
 import sys
 import time
@@ -943,6 +944,8 @@ def _load_call(ctx: ProbeContext) -> dict[str, Any]:
         raise NotApplicable("the failure did not come from torch.load" if ctx.exception is not None
                             else "no live failure to replay (a pasted log)")
     f = found.get("f")
+    if isinstance(f, (str, os.PathLike)) and not os.path.isabs(f) and _script_folder is not None:
+        f = os.path.join(_script_folder, f)  # a path relative to the script's folder, not the child's
     if hasattr(f, "seek"):
         try:
             f.seek(0)
@@ -1105,7 +1108,8 @@ def run_trial(name: str, ctx: ProbeContext, values: dict[str, Any], limit_s: flo
         return not_tried(f"no fix trial is named '{name}'")
     if not ctx.live:
         return not_tried("no live model, batch or failure was recorded (a pasted log)")
-    outcome = run_isolated(lambda: trial(ctx, values), ctx, limit_s)
+    folder = os.getcwd()
+    outcome = run_isolated(lambda: _in_child(trial, ctx, values, folder), ctx, limit_s)
     if outcome.stopped == "time":
         return not_tried(f"the trial ran past its time limit of {limit_s:.3g} s")
     if outcome.stopped is not None:
@@ -1116,6 +1120,17 @@ def run_trial(name: str, ctx: ProbeContext, values: dict[str, Any], limit_s: flo
     if not isinstance(value, Verdict):
         return not_tried(f"the trial returned {type(value).__name__}, not a Verdict")
     return value
+
+
+# The script's working folder, in a trial's child (which works in a private folder of its own).
+_script_folder: str | None = None
+
+
+def _in_child(trial: Callable[[ProbeContext, dict[str, Any]], Verdict], ctx: ProbeContext, values: dict[str, Any],
+              folder: str) -> Verdict:
+    global _script_folder
+    _script_folder = folder  # the child's own copy of the module: the parent's stays None
+    return trial(ctx, values)
 
 
 def try_fixes(diagnosis: Diagnosis, ctx: ProbeContext, limit_s: float | None = None,
