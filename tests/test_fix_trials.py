@@ -64,6 +64,22 @@ class Sequence(nn.Module):
         return self.out(y[:, -1])
 
 
+class Sequence64(nn.Module):
+    """time_sequence_prediction's shape: the LSTMCell's state is made in float64 inside forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.LSTMCell(1, 8)
+        self.out = nn.Linear(8, 1)
+
+    def forward(self, x):
+        h = torch.zeros(x.size(0), 8, dtype=torch.double)
+        c = torch.zeros(x.size(0), 8, dtype=torch.double)
+        for t in range(x.size(1)):
+            h, c = self.cell(x[:, t:t + 1], (h, c))
+        return self.out(h)
+
+
 class Scorer(nn.Module):
     def __init__(self):
         super().__init__()
@@ -93,6 +109,14 @@ def gated(features=4):
 class Config:
     lr: float = 0.1
     layers: int = 2
+
+
+def train_functional(model, optimizer, data):
+    for x, y in data:
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
 
 
 def rnn_train(model, optimizer, data):
@@ -209,6 +233,22 @@ def test_one_based_labels_are_fixed_by_shifting_them(script):
     assert (not_floats.verdict, not_floats.detail) == ("not tried", "the target is already int64")
 
 
+def test_a_functional_loss_in_the_loop_is_replayed_from_the_loop_s_statements(script):
+    model = script.Classifier(classes=10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = (torch.randn(4, 4), torch.tensor([1, 10, 3, 7]))
+    exc = raised(script.train_functional, model, optimizer, [batch])
+    ctx = live_context(exc, model=model, batch=batch)  # F.cross_entropy: no loss call was recorded
+    shifted = trial("shift-labels", ctx)
+    assert shifted.verdict == "verified", shifted.detail
+    assert shifted.detail.startswith("with labels - 1 (now 0..9) the step runs with its backward and the loss is ")
+    head = trial("resize-head", ctx)
+    assert head.verdict == "verified" and "nn.Linear(16, 11) as head" in head.detail
+    ignored = trial("ignore-index", ctx, target="10")
+    assert ignored.verdict == "verified" and ignored.detail.startswith("with ignore_index=10 the step runs with its "
+                                                                      "backward")
+
+
 def test_shifting_labels_that_start_at_zero_fails(script):
     model = script.Classifier(classes=10)
     ctx = step_context(model, (torch.randn(3, 4), torch.tensor([0, 255, 3])), nn.CrossEntropyLoss())
@@ -286,6 +326,16 @@ def test_double_input_and_state_into_an_lstm_are_both_cast(script):
     assert outcome.detail.startswith("with arg0 (float64), arg1[0] (float64), arg1[1] (float64) cast to float32 the "
                                      "step runs with its backward and the output's sum (standing in for the loss) is ")
     assert x.dtype == torch.float64
+
+
+def test_a_state_made_in_float64_inside_forward_is_cast_at_the_layer(script):
+    model = script.Sequence64()
+    batch = (torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 1))
+    ctx = step_context(model, batch, nn.MSELoss())
+    outcome = trial("input-float", ctx)
+    assert outcome.verdict == "verified", outcome.detail
+    assert outcome.detail.startswith("with arg0 (float64) and the inputs made inside the forward of cell (LSTMCell) "
+                                     "cast to float32 the step runs with its backward and the loss is ")
 
 
 def test_casting_inputs_does_not_apply_when_they_already_match(script):

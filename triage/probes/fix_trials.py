@@ -25,7 +25,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import copy
-import functools
 import importlib
 import inspect
 import math
@@ -48,7 +47,7 @@ from .context import ProbeContext
 from .step import _TARGET_KEYS, Call, ModelOutput, Step, call, first_tensor, rebuild
 
 NAME = "fix_trial"
-# Modules whose `inplace` flag relu-not-inplace may turn off, and the most it tries one at a time to name the one.
+# The most modules with inplace=True that relu-not-inplace turns off one at a time, to name the one that matters.
 _MOST_SINGLE_TRIES = 8
 # Most unsupported globals safe-globals allows before it gives up (each needs one more load).
 _MOST_GLOBALS = 20
@@ -103,7 +102,7 @@ class Edits:
     inputs: Callable[[Inputs], Inputs] | None = None  # the first call's arguments (the model's, or the layer's)
     prediction: Callable[[torch.Tensor], torch.Tensor] | None = None  # the loss's input
     target: Callable[[torch.Tensor], torch.Tensor] | None = None  # the loss's target
-    loss_fn: Any = None  # a loss to call instead of the step's
+    loss_kwargs: dict[str, Any] | None = None  # settings of the loss to override (ignore_index)
     mode: Callable[[], Any] | None = None  # a context (a TorchFunctionMode) the whole step runs in
 
 
@@ -120,6 +119,8 @@ class Attempt:
     prediction: torch.Tensor | None = None
     target: torch.Tensor | None = None
     connection: str | None = None
+    replay: Callable[[Edits], Attempt] | None = None  # runs the same step again with other edits
+    loss_tensor: torch.Tensor | None = None  # the first loss a replay of the loop's statements computed
 
     @property
     def clean(self) -> bool:
@@ -169,7 +170,65 @@ class _WatchedLoss:
             if self.edits.target is not None:
                 kwargs[key] = self.edits.target(kwargs[key])
             self.seen.target = kwargs[key].detach()
-        return self.fn(*args, **kwargs)
+        fn = self.fn
+        for key, value in (self.edits.loss_kwargs or {}).items():
+            if isinstance(fn, nn.Module) and hasattr(fn, key):
+                fn = copy.copy(fn)
+                setattr(fn, key, value)
+            elif key in _parameters(fn):
+                kwargs[key] = value
+            else:
+                raise NotApplicable(f"the loss {_callable_name(fn)} takes no {key}")
+        return fn(*args, **kwargs)
+
+
+def _callable_name(fn: Any) -> str:
+    return type(fn).__name__ if isinstance(fn, nn.Module) else getattr(fn, "__name__", type(fn).__name__)
+
+
+# The functional losses whose (input, target) a fix may edit in a replay of the user's own statements.
+_FUNCTIONAL_LOSSES = ("cross_entropy", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+                      "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "poisson_nll_loss",
+                      "multi_margin_loss", "multilabel_soft_margin_loss", "soft_margin_loss", "hinge_embedding_loss")
+
+
+class _LossCalls(TorchFunctionMode):
+    """Functional losses (which nn losses call too) with the fix's edits to their input, target and settings; the
+    first call's input, target and value are noted."""
+
+    def __init__(self, edits: Edits, seen: Attempt) -> None:
+        super().__init__()
+        self.edits, self.seen = edits, seen
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") not in _FUNCTIONAL_LOSSES or \
+                getattr(func, "__module__", "") != "torch.nn.functional":
+            return func(*args, **kwargs)
+        try:
+            bound = inspect.signature(func).bind(*args, **kwargs)
+        except (TypeError, ValueError):
+            return func(*args, **kwargs)
+        names = list(bound.signature.parameters)
+        prediction, target = names[0], names[1]
+        values = bound.arguments
+        if self.edits.prediction is not None:
+            values[prediction] = self.edits.prediction(values[prediction])
+        if self.edits.target is not None:
+            values[target] = self.edits.target(values[target])
+        for key, value in (self.edits.loss_kwargs or {}).items():
+            if key not in bound.signature.parameters:
+                raise NotApplicable(f"the loss {func.__name__} takes no {key}")
+            values[key] = value
+        first = self.seen.prediction is None
+        if first and isinstance(values[prediction], torch.Tensor):
+            self.seen.prediction = values[prediction].detach()
+            self.seen.target = values[target].detach() if isinstance(values[target], torch.Tensor) else None
+        out = func(*bound.args, **bound.kwargs)
+        if first and isinstance(out, torch.Tensor) and out.numel():
+            self.seen.loss = float(out.detach().float().mean())
+            self.seen.loss_tensor = out
+        return out
 
 
 def _connected(args: tuple, output: torch.Tensor | None, connection: str | None) -> tuple[list, str]:
@@ -211,7 +270,7 @@ def run_step(step: Step, edits: Edits | None = None, connection: str | None = No
     inputs = edits.inputs(first.inputs) if edits.inputs is not None else first.inputs
     fn = first.fn
     if first is step.failing_call and _is_loss(fn, step):  # the failing call is the loss itself
-        fn = _WatchedLoss(edits.loss_fn or fn, edits, seen)
+        fn = _WatchedLoss(fn, edits, seen)
     try:
         with torch.enable_grad(), (edits.mode() if edits.mode is not None else contextlib.nullcontext()):
             seen.stage = "forward"
@@ -221,7 +280,7 @@ def run_step(step: Step, edits: Edits | None = None, connection: str | None = No
             loss = main if isinstance(fn, _WatchedLoss) else None
             if loss is None and step.loss_call is not None and first is step.model_call:
                 seen.stage = "loss"
-                watched = _WatchedLoss(edits.loss_fn or step.loss_call.fn, edits, seen)
+                watched = _WatchedLoss(step.loss_call.fn, edits, seen)
                 args, seen.connection = _connected(step.loss_call.inputs.args, main, connection)
                 loss = first_tensor(watched(*args, **step.loss_call.inputs.kwargs))
             if loss is None and main is not None and main.is_floating_point() and main.requires_grad:
@@ -231,7 +290,7 @@ def run_step(step: Step, edits: Edits | None = None, connection: str | None = No
                 if loss.requires_grad and root.training:
                     seen.stage, seen.backward = "backward", True
                     (loss if loss.numel() == 1 else loss.sum()).backward()
-    except Unavailable:
+    except (Unavailable, NotApplicable):
         raise
     except Exception as exc:  # the finding: the step still fails
         seen.error = exc
@@ -251,37 +310,87 @@ def _original(ctx: ProbeContext) -> str:
     return exc.short_type if exc is not None else ""
 
 
+class _Replay:
+    """The failing step to run as it was, then with a fix: rebuilt from the recorded calls, or, where that does not
+    fail as the script did (a functional loss is no recorded call), the failing loop's own statements."""
+
+    def __init__(self, ctx: ProbeContext, prepare: Callable[[Step], None] | None) -> None:
+        self.ctx = ctx
+        self.source: source_step.SourceStep | None = None
+        self.connection: str | None = None
+        try:
+            self.step = rebuild(ctx, cuda_poisoned(ctx))
+            if prepare is not None:
+                prepare(self.step)
+            self.why_not_calls = ""
+        except Unavailable as exc:
+            self.step, self.why_not_calls = self._bare_step(ctx), str(exc)
+
+    @staticmethod
+    def _bare_step(ctx: ProbeContext) -> Step:
+        """The model alone (what a fix edits), for a step only the loop's statements can replay."""
+        from ._support import cpu_copy
+
+        if not isinstance(ctx.model, nn.Module):
+            raise Unavailable("no live model: run under `python -m triage` or `triage.watch(model=...)`")
+        return Step(model=cpu_copy(ctx.model, cuda_poisoned(ctx)))
+
+    def baseline(self) -> Attempt:
+        """The step as recorded; it must fail as the script did (else the loop's statements are tried)."""
+        original = _original(self.ctx)
+        reasons = []
+        if not self.why_not_calls:
+            attempt = run_step(self.step)
+            if self._reproduces(attempt, original):
+                self.connection = attempt.connection
+                return attempt
+            reasons.append(self._why_not(attempt, original, "the step as recorded"))
+        else:
+            reasons.append(self.why_not_calls)
+        try:
+            self.source = source_step.find(self.ctx.frames)
+        except Unavailable as exc:
+            raise Unavailable(f"{reasons[0]}; {exc}") from None
+        attempt = self.run(Edits())
+        if self._reproduces(attempt, original):
+            return attempt
+        raise Unavailable(f"{reasons[0]}; {self._why_not(attempt, original, f'the step at {self.source.where}')}")
+
+    @staticmethod
+    def _reproduces(attempt: Attempt, original: str) -> bool:
+        if attempt.clean:
+            return False
+        return attempt.error is None or not original or type(attempt.error).__name__ == original
+
+    @staticmethod
+    def _why_not(attempt: Attempt, original: str, what: str) -> str:
+        if attempt.clean:
+            return f"{what} does not fail ({attempt.outcome()}), so a trial cannot tell"
+        return f"{what} raises {one_line(attempt.error)}, not the {original} the script raised"
+
+    def run(self, edits: Edits) -> Attempt:
+        if self.source is None:
+            return run_step(self.step, edits, self.connection)
+        return _run_source(self.source, self.source.code, edits=edits, model=self.step.model)
+
+
 def _model_trial(ctx: ProbeContext, fix: Callable[[Step, Attempt], tuple[Any, Edits]],
                  prepare: Callable[[Step], None] | None = None) -> Verdict:
-    """Rebuild the step (`prepare` adjusts it), check that it still fails as recorded, apply `fix` (what it changed,
-    or a function that says so once the step ran or raises NotApplicable, and the edits of the run), run it again."""
+    """Replay the step (`prepare` adjusts the rebuilt one), check that it fails as the script did, apply `fix` (what
+    it changed, or a function that says so once the step ran or raises NotApplicable, and the edits of the run),
+    and run it again."""
     _only_in_a_child()
     try:
-        step = rebuild(ctx, cuda_poisoned(ctx))
-        if prepare is not None:
-            prepare(step)
-    except Unavailable as exc:
-        return not_tried(str(exc))
-    if step.model is not None and not step.model.real_weights:
-        return not_tried(f"the model's weights cannot be read ({step.model.note})")
-    try:
-        baseline = run_step(step)
-        if baseline.clean:
-            return not_tried(f"the step as recorded does not fail ({baseline.outcome()}), so a trial cannot tell")
-        original = _original(ctx)
-        if baseline.error is not None and original and type(baseline.error).__name__ != original:
-            return not_tried(f"the replayed step raises {one_line(baseline.error)}, not the {original} "
-                             f"the script raised")
-        try:
-            change, edits = fix(step, baseline)
-        except NotApplicable as exc:
-            return not_tried(str(exc))
-        attempt = run_step(step, edits, baseline.connection)
-    except Unavailable as exc:
-        return not_tried(str(exc))
-    try:
+        replay = _Replay(ctx, prepare)
+        step = replay.step
+        if step.model is not None and not step.model.real_weights:
+            return not_tried(f"the model's weights cannot be read ({step.model.note})")
+        baseline = replay.baseline()
+        baseline.replay = replay.run
+        change, edits = fix(step, baseline)
+        attempt = replay.run(edits)
         change = change() if callable(change) else change
-    except NotApplicable as exc:
+    except (Unavailable, NotApplicable) as exc:
         return not_tried(str(exc))
     if attempt.clean:
         return verified(f"with {change} {attempt.outcome()}")
@@ -452,11 +561,9 @@ def resize_embedding(ctx: ProbeContext, values: dict[str, Any]) -> Verdict:
     """Each embedding that gets an id past its table grows to the largest id + 1 (its rows kept)."""
 
     def fix(step: Step, baseline: Attempt) -> tuple[str, Edits]:
-        if step.model_call is None and step.failing_call is None:
-            raise NotApplicable("no model call was recorded")
         changed: list[str] = []
         for _ in range(5):  # one pass per embedding the forward reaches before the next one fails
-            offenders = _embedding_offenders(step)
+            offenders = _embedding_offenders(step, baseline.replay)
             if not offenders:
                 break
             for path, module, top, low in offenders:
@@ -472,8 +579,8 @@ def resize_embedding(ctx: ProbeContext, values: dict[str, Any]) -> Verdict:
     return _model_trial(ctx, fix)
 
 
-def _embedding_offenders(step: Step) -> list[tuple[str, nn.Module, int, int]]:
-    """(path, embedding, largest id, smallest id) for each embedding whose ids do not fit, seen by a forward."""
+def _embedding_offenders(step: Step, replay: Callable[[Edits], Attempt]) -> list[tuple[str, nn.Module, int, int]]:
+    """(path, embedding, largest id, smallest id) for each embedding whose ids do not fit, seen by a replay."""
     found: dict[int, tuple[str, nn.Module, int, int]] = {}
     names = {id(m): p for p, m in _modules(step)}
 
@@ -486,10 +593,7 @@ def _embedding_offenders(step: Step) -> list[tuple[str, nn.Module, int, int]]:
     handles = [m.register_forward_pre_hook(check) for _, m in _modules(step)
                if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
     try:
-        with torch.no_grad():
-            call(step.model_call or step.failing_call)
-    except Exception:
-        pass  # the out-of-range id stops the forward; the hook has seen it
+        replay(Edits())  # an out-of-range id stops it; the hook has seen it
     finally:
         for handle in handles:
             handle.remove()
@@ -540,17 +644,9 @@ def ignore_index(ctx: ProbeContext, values: dict[str, Any]) -> Verdict:
                 raise NotApplicable(f"labels {outside[:5]} are outside the {classes} classes: ignore_index takes "
                                     f"one value" if outside else "no label is outside the classes")
             named = outside[0]
-        loss = step.loss_call.fn if step.loss_call is not None else step.failing_call.fn
-        if isinstance(loss, nn.Module) and hasattr(loss, "ignore_index"):
-            changed = copy.copy(loss)
-            changed.ignore_index = named
-            shown = f"{type(loss).__name__}(ignore_index={named})"
-        elif callable(loss) and "ignore_index" in _parameters(loss):
-            changed = functools.partial(loss, ignore_index=named)
-            shown = f"{getattr(loss, '__name__', 'the loss')}(..., ignore_index={named})"
-        else:
-            raise NotApplicable(f"the loss {type(loss).__name__} takes no ignore_index")
-        return shown, Edits(loss_fn=changed)
+        loss = step.loss_call.fn if step.loss_call is not None else None
+        shown = f"{_callable_name(loss)}(ignore_index={named})" if loss is not None else f"ignore_index={named}"
+        return shown, Edits(loss_kwargs={"ignore_index": named})
 
     return _model_trial(ctx, fix)
 
@@ -635,26 +731,71 @@ def unsqueeze_target(ctx: ProbeContext, values: dict[str, Any]) -> Verdict:
 
 
 def input_float(ctx: ProbeContext, values: dict[str, Any]) -> Verdict:
-    """Every floating input of the model's call (data and recurrent state alike) cast to its weights' dtype."""
+    """Every floating input of the model's call (data and recurrent state alike) cast to its weights' dtype, and
+    at each layer, whatever the forward made in another dtype (a state created inside it)."""
 
-    def fix(step: Step, baseline: Attempt) -> tuple[str, Edits]:
-        first = step.model_call or step.failing_call
-        module = step.model.module if step.model is not None and first is step.model_call else first.fn
-        wanted = _weight_dtype(module)
-        cast = [f"{path} ({_dtype(t)})" for path, t in _input_tensors(first.inputs)
-                if t.is_floating_point() and t.dtype != wanted]
-        if not cast:
-            raise NotApplicable(f"every floating input of the {first.label} is already {_dtype_name(wanted)}: the "
-                                f"other dtype is made inside it")
+    def fix(step: Step, baseline: Attempt) -> tuple[Callable[[], str], Edits]:
+        root = step.model.module if step.model is not None else step.failing_call.fn
+        wanted = _weight_dtype(root)
+        cast: list[str] = []
+        layers = _LayerInputsCast(root)
 
         def to_weights(inputs: Inputs) -> Inputs:
+            cast.extend(f"{path} ({_dtype(t)})" for path, t in _input_tensors(inputs)
+                        if t.is_floating_point() and t.dtype != wanted and f"{path} ({_dtype(t)})" not in cast)
             leaf = (lambda t, _path: t.to(wanted) if t.is_floating_point() else t)
             return Inputs(tuple(map_structure(a, leaf) for a in inputs.args),
                           {k: map_structure(v, leaf) for k, v in inputs.kwargs.items()}, inputs.notes, inputs.missing)
 
-        return f"{', '.join(cast)} cast to {_dtype_name(wanted)}", Edits(inputs=to_weights)
+        def shown() -> str:
+            parts = [", ".join(cast)] if cast else []
+            if layers.cast:
+                parts.append(f"the inputs {'made inside the forward ' if cast else ''}of "
+                             f"{', '.join(layers.cast)}")
+            if not parts:
+                raise NotApplicable(f"every floating input of the model and its layers is already "
+                                    f"{_dtype_name(wanted)}")
+            return f"{' and '.join(parts)} cast to {_dtype_name(wanted)}"
+
+        return shown, Edits(inputs=to_weights, mode=lambda: layers)
 
     return _model_trial(ctx, fix)
+
+
+class _LayerInputsCast:
+    """While entered, every layer with weights gets its floating inputs in its weights' dtype (the layers that
+    needed it are noted): a state the forward itself creates in another dtype."""
+
+    def __init__(self, root: nn.Module) -> None:
+        self.root = root
+        self.cast: list[str] = []
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> "_LayerInputsCast":
+        for path, module in self.root.named_modules():
+            weight = next((p for p in module._parameters.values() if p is not None and p.is_floating_point()), None)
+            if weight is not None:
+                self.handles.append(module.register_forward_pre_hook(self._hook(path, module, weight.dtype),
+                                                                     with_kwargs=True))
+        return self
+
+    def _hook(self, path: str, module: nn.Module, dtype: torch.dtype) -> Callable[..., Any]:
+        label = f"{_shown(path, module)} ({type(module).__name__})"
+
+        def cast(_module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+            if not any(t.is_floating_point() and t.dtype != dtype for _, t in iter_tensors((args, kwargs))):
+                return None
+            if label not in self.cast:
+                self.cast.append(label)
+            leaf = (lambda t, _path: t.to(dtype) if t.is_floating_point() else t)
+            return tuple(map_structure(a, leaf) for a in args), {k: map_structure(v, leaf) for k, v in kwargs.items()}
+
+        return cast
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -805,23 +946,59 @@ def _source_trial(ctx: ProbeContext, fix: Callable[..., Any], carry: bool = Fals
     return fails(one_line(attempt.error) if attempt.error is not None else attempt.outcome())
 
 
-def _run_source(source: source_step.SourceStep, code: Any, namespace: dict[str, Any] | None = None) -> Attempt:
-    """Run the loop's statements; the loss is the value whose backward() the failing line calls."""
+def _run_source(source: source_step.SourceStep, code: Any, namespace: dict[str, Any] | None = None,
+                edits: Edits | None = None, model: Any = None) -> Attempt:
+    """Run the loop's statements with `edits`: to the model's inputs (a pre-hook on `model`, a ModuleCopy), to the
+    functional losses' input, target and settings, and the edits' mode. The loss is the value whose backward() the
+    failing line calls, else the first loss computed."""
     namespace = namespace if namespace is not None else source.namespace()[0]
+    edits = edits or Edits()
     seen = Attempt(stage="step")
+    root = model.module if model is not None else None
+    handles = []
+    if root is not None:
+        def noted(module: nn.Module, args: tuple, output: Any) -> None:
+            main = first_tensor(output)
+            if seen.output is None and main is not None:
+                seen.output = main.detach()
+
+        handles.append(root.register_forward_hook(noted))
+        if edits.inputs is not None:
+            def edited(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+                changed = edits.inputs(Inputs(args, kwargs, [], []))
+                return changed.args, changed.kwargs
+
+            handles.append(root.register_forward_pre_hook(edited, with_kwargs=True))
     try:
-        with torch.enable_grad():
+        with torch.enable_grad(), _LossCalls(edits, seen), \
+                (edits.mode() if edits.mode is not None else contextlib.nullcontext()):
             exec(code, namespace)  # noqa: S102 - the user's own statements, in an experiment's child
-    except Exception as exc:
+    except (Unavailable, NotApplicable):
+        raise
+    except Exception as exc:  # the finding: the step still fails
         seen.error = exc
         return seen
-    last = source.tree.body[0].body[-1] if source.tree is not None else None
-    loss_name = next((n.func.value.id for n in ast.walk(last) if isinstance(n, ast.Call)
+    finally:
+        for handle in handles:
+            handle.remove()
+    statements = source.tree.body[0].body if source.tree is not None else []
+    seen.backward = any(_calls_backward(stmt) for stmt in statements)
+    loss = seen.loss_tensor
+    seen.loss_tensor = None
+    if not seen.backward and loss is not None and loss.requires_grad and (root is None or root.training):
+        try:  # the statements stop at the failing line; the loop's backward comes after it
+            with torch.enable_grad():
+                (loss if loss.numel() == 1 else loss.sum()).backward()
+            seen.backward = True
+        except Exception as exc:
+            seen.error, seen.stage = exc, "backward"
+            return seen
+    loss_name = next((n.func.value.id for n in ast.walk(statements[-1]) if isinstance(n, ast.Call)
                       and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
-                      and isinstance(n.func.value, ast.Name)), None) if last is not None else None
+                      and isinstance(n.func.value, ast.Name)), None) if statements else None
     loss = namespace.get(loss_name) if loss_name else None
     if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-        seen.loss, seen.backward = float(loss.detach()), True
+        seen.loss = float(loss.detach())
     return seen
 
 
@@ -905,7 +1082,7 @@ def relu_not_inplace(ctx: ProbeContext, values: dict[str, Any]) -> Verdict:
         flagged = [(p, m) for p, m in _modules(step) if getattr(m, "inplace", None) is True]
         for path, module in flagged[:_MOST_SINGLE_TRIES] if len(flagged) > 1 else ():
             module.inplace = False
-            if run_step(step, connection=baseline.connection).clean:
+            if baseline.replay(Edits()).clean:
                 return (lambda: f"inplace=False on {_shown(path, module)} ({type(module).__name__})"), Edits()
             module.inplace = True
         for _, module in flagged:
