@@ -267,6 +267,17 @@ def test_float_class_labels_are_fixed_by_long(script):
     assert trial("target-float", ctx).detail == "the target is already float32"
 
 
+def test_int32_class_labels_from_numpy_are_fixed_by_long(script):
+    import numpy as np
+
+    model = script.Classifier(classes=3)
+    ctx = step_context(model, (torch.randn(3, 4), torch.from_numpy(np.array([0, 2, 1], dtype=np.int32))),
+                       nn.CrossEntropyLoss())
+    outcome = trial("target-long", ctx)
+    assert outcome.verdict == "verified", outcome.detail
+    assert outcome.detail.startswith("with target.long() (was int32) the step runs")
+
+
 def test_fractional_targets_are_not_cast_to_class_indices(script):
     model = script.Classifier(classes=3)
     ctx = step_context(model, (torch.randn(2, 4), torch.tensor([0.5, 2.0])), nn.CrossEntropyLoss())

@@ -663,15 +663,16 @@ def _dtype(tensor: torch.Tensor) -> str:
 
 
 def target_long(ctx: ProbeContext, values: dict[str, Any]) -> Verdict:
-    """The loss's target as class indices: `.long()` of a float target that holds whole numbers."""
+    """The loss's target as class indices: `.long()` of an integer target of another width, or of a float target
+    that holds whole numbers."""
 
     def fix(step: Step, baseline: Attempt) -> tuple[str, Edits]:
         target = _target_of(step, baseline)
         if target is None:
             raise NotApplicable("no loss target was recorded for this step")
-        if not target.is_floating_point():
-            raise NotApplicable(f"the target is already {_dtype(target)}")
-        if not bool(torch.equal(target, target.round())):
+        if target.dtype == torch.long:
+            raise NotApplicable("the target is already int64")
+        if target.is_floating_point() and not bool(torch.equal(target, target.round())):
             fraction = target[target != target.round()].flatten()[0]
             raise NotApplicable(f"the target holds fractional values ({float(fraction):g}): probabilities or "
                                 f"regression targets, not class indices")
@@ -851,30 +852,36 @@ def _has_graph(value: Any) -> bool:
 
 
 def detach_fake(ctx: ProbeContext, values: dict[str, Any]) -> Verdict:
-    """The generator's output detached where the discriminator's step uses it (its calls before the first
-    backward after the output is made)."""
+    """The generator's output detached where the discriminator's step uses it: in each call of a network on the
+    output of another network, up to the first backward() after such a call."""
 
     def detach_in_d_step(source: source_step.SourceStep, namespace: dict[str, Any]) -> tuple[str, ast.Module]:
         tree = copy.deepcopy(source.tree)
-        body = tree.body[0].body  # the one-pass loop around the statements
-        generated: set[str] = set()
-        sites: list[str] = []
-        for stmt in body:
-            if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call) \
-                    and isinstance(_resolve(stmt.value.func, namespace), nn.Module):
-                generated |= {t.id for t in stmt.targets if isinstance(t, ast.Name)}
-                continue
-            if not generated:
-                continue
-            sites += _DetachArguments(generated, namespace, source.filename).apply(stmt)
-            if _calls_backward(stmt):
+        made_by: dict[str, nn.Module] = {}  # names bound to a network's output, and the network
+        detach = _DetachArguments(made_by, namespace, source.filename)
+        for stmt in tree.body[0].body:  # the one-pass loop around the statements
+            detach.apply(stmt)
+            if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call):
+                network = _resolve(stmt.value.func, namespace)
+                for target in stmt.targets:
+                    if isinstance(target, ast.Name):
+                        if _network(network):
+                            made_by[target.id] = network
+                        else:
+                            made_by.pop(target.id, None)
+            if detach.sites and _calls_backward(stmt):
                 break
-        if not sites:
-            raise NotApplicable("no module's output is passed to another module before the next backward() in "
-                                "the failing loop")
-        return f"{', '.join(sites)}", ast.fix_missing_locations(tree)
+        if not detach.sites:
+            raise NotApplicable("no network is called on another network's output before a backward() in the "
+                                "failing loop")
+        return ", ".join(detach.sites), ast.fix_missing_locations(tree)
 
     return _source_trial(ctx, detach_in_d_step)
+
+
+def _network(value: Any) -> bool:
+    """A module with parameters of its own (a network, not a loss or an activation)."""
+    return isinstance(value, nn.Module) and any(True for _ in value.parameters())
 
 
 def _resolve(node: ast.AST, namespace: dict[str, Any]) -> Any:
@@ -888,22 +895,23 @@ def _resolve(node: ast.AST, namespace: dict[str, Any]) -> Any:
 
 
 class _DetachArguments(ast.NodeTransformer):
-    """`D(fake)` -> `D(fake.detach())` for the names in `names` passed to a module call."""
+    """`D(fake)` -> `D(fake.detach())` where `fake` is another network's output (`made_by`)."""
 
-    def __init__(self, names: set[str], namespace: dict[str, Any], filename: str) -> None:
-        self.names, self.namespace, self.filename = names, namespace, filename
+    def __init__(self, made_by: dict[str, nn.Module], namespace: dict[str, Any], filename: str) -> None:
+        self.made_by, self.namespace, self.filename = made_by, namespace, filename
         self.sites: list[str] = []
 
-    def apply(self, stmt: ast.stmt) -> list[str]:
+    def apply(self, stmt: ast.stmt) -> None:
         self.visit(stmt)
-        return self.sites
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
-        if not isinstance(_resolve(node.func, self.namespace), nn.Module):
+        network = _resolve(node.func, self.namespace)
+        if not _network(network):
             return node
         for i, arg in enumerate(node.args):
-            if isinstance(arg, ast.Name) and arg.id in self.names:
+            producer = self.made_by.get(arg.id) if isinstance(arg, ast.Name) else None
+            if producer is not None and producer is not network:
                 node.args[i] = ast.copy_location(ast.Call(ast.Attribute(ast.Name(arg.id, ast.Load()), "detach",
                                                                         ast.Load()), [], []), arg)
                 self.sites.append(f"`{ast.unparse(node)}` at {self.filename}:{node.lineno}")
