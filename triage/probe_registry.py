@@ -20,6 +20,8 @@ PROBES: dict[str, str] = {
     "gradcheck": "triage.probes.gradcheck:gradcheck",
     "determinism": "triage.probes.determinism:determinism",
     "compile_compare": "triage.probes.compile_compare:compile_compare",
+    # torch.compile failures: does the step run without the compiler?
+    "eager_rerun": "triage.probes.eager_rerun:eager_rerun",
 }
 
 # Mechanical fixes a rule's cause may ask to be tried (`fixes: [{trial: ...}]`): each applies its fix to copies in
