@@ -22,6 +22,8 @@ PROBES: dict[str, str] = {
     "compile_compare": "triage.probes.compile_compare:compile_compare",
     # torch.compile failures: does the step run without the compiler?
     "eager_rerun": "triage.probes.eager_rerun:eager_rerun",
+    # checkpoint failures: the state dict's keys against the model's, or the file torch.load refused
+    "checkpoint_diff": "triage.probes.checkpoint_diff:checkpoint_diff",
 }
 
 # Mechanical fixes a rule's cause may ask to be tried (`fixes: [{trial: ...}]`): each applies its fix to copies in
