@@ -115,7 +115,7 @@ def _graph_cut(ctx: ProbeContext) -> ProbeResult:
     if frozen:
         label, module = frozen[0]
         total = _parameter_counts(module)[1]
-        return result(NAME, "confirmed", f"every one of {label}'s {total} parameters has requires_grad=False: "
+        return result(NAME, "confirmed", f"every one of {label}'s {total} parameter tensors has requires_grad=False: "
                       "nothing in the loss can have a gradient", cut_by="frozen", frozen=label)
     return result(NAME, "inconclusive", f"replaying {step.where}, no op cut the graph and the parameters train: "
                   "the loss may be built from a new tensor (torch.tensor(...) of numbers)")
@@ -225,10 +225,10 @@ def _empty_parameters(ctx: ProbeContext) -> ProbeResult:
     facts = {"modules": {label: {"trainable": t, "total": n} for label, (t, n) in modules.items()}}
     label, (trainable, total) = max(modules.items(), key=lambda item: item[1][1])
     if total and not trainable:
-        return result(NAME, "confirmed", f"all {total} parameters of {label} have requires_grad=False, so a "
+        return result(NAME, "confirmed", f"all {total} parameter tensors of {label} have requires_grad=False, so a "
                       "filter on requires_grad leaves the optimizer nothing", cause="all-frozen", **facts)
     if trainable:
-        return result(NAME, "confirmed", f"{label} has {trainable} trainable parameters, yet the optimizer got none: "
+        return result(NAME, "confirmed", f"{label} has {trainable} trainable parameter tensors, yet the optimizer got none: "
                       "the iterator `parameters()` returns was used up before the optimizer read it",
                       cause="consumed-iterator", **facts)
     return result(NAME, "confirmed", f"{label} has no parameters at all", cause="no-parameters", **facts)
