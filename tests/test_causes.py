@@ -199,3 +199,14 @@ def test_rule_examples_check_the_cause_the_log_chooses(tmp_path):
     assert "expected cause 'one-based-labels', the log chose 'void-label'" in str(failure)
     unknown = load_paths([write(tmp_path, RULE.replace("cause: void-label}", "cause: off-by-one}"))])
     assert any("example names cause 'off-by-one'" in p.message for p in unknown.problems)
+
+
+def test_rules_show_lists_the_causes_their_conditions_and_fix_trials(tmp_path, capsys):
+    from triage.rules_cli import main as rules_main
+
+    path = write(tmp_path, RULE)
+    assert rules_main(["--rules", str(path), "show", "team.label-out-of-range"]) == 0
+    out = capsys.readouterr().out
+    assert "team.label-out-of-range/void-label  when: target|int == 255" in out
+    assert "fixes: shift-labels [trial shift-labels], resize-head [trial resize-head]" in out
+    assert "undecided: Print target.min()" in out

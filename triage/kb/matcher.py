@@ -264,6 +264,8 @@ def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame
         "rank": exc.rank if exc and exc.rank is not None else incident.rank,
         "worker": exc.worker if exc and exc.worker is not None else incident.worker,
         "kind": incident.kind,
+        # "log" for a pasted log (no batch was saved, nothing can be replayed), "run" or "wrapper" for a live one.
+        "source": incident.source,
         "signal": incident.signal,
         "exit_code": incident.exit_code,
         "facts": incident.facts,
