@@ -52,6 +52,10 @@ _TOOL_PREFIX = re.compile(r"E(?: {2,}|\t)\s*(?=\S)|\*\*\* (?=[A-Za-z_])")
 # Markdown wrapped around a pasted error: a heading mark, bold or italic runs (`_**### RuntimeError ...**_`).
 _MARKDOWN_OPEN = re.compile(r"(?:_?\*\*|_(?=[\"“`*#]))(?:#{1,6} )?|#{1,6} (?=[A-Z_`\"“])")
 _MARKDOWN_CLOSE = re.compile(r"(?:\*\*_?|_)$")
+# An error line typed by hand or reflowed: a space before its colon, none after it, or runs of spaces in it
+# (`RuntimeError :  Function  'SqrtBackward'  returned nan`, `RuntimeError:CUDA out of memory`).
+_ERROR_NAME_COLON = re.compile(r"(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*(?:Error|Exception) ?:")
+_SPACE_RUN = re.compile(r"(?<=\S) {2,}(?=\S)")
 _PDB_LOCATION = re.compile(r"> \S[^()]*\(\d+\)[^()\s]*\(\)")
 _QUOTE = re.compile(r"(?:> ?)+")
 
@@ -146,7 +150,22 @@ def _strip_prefixes(line: str) -> tuple[int | None, bool, str]:
     if opened and opened.end():
         # markdown bold, italics or a heading left around a pasted error (never a `_module.Error` name)
         line = _MARKDOWN_CLOSE.sub("", line[opened.end():])
+    if ":" in line and line[:1].isalpha() and _ERROR_NAME_COLON.match(line):
+        line = _tidy_error_line(line)
     if "](" in line:
         # VS Code notebooks print `Cell In[11], [line 13](vscode-notebook-cell:...)`.
         line = _NOTEBOOK_LINK.sub(r"\1", line)
     return rank, record_start, line
+
+
+def _tidy_error_line(line: str) -> str:
+    """`Type : msg`, `Type:msg` and `Type:  msg   with   runs` read as `Type: msg with runs`.
+
+    Only a line that starts with an error's name is touched, and only when it is loose: a well-formed
+    `Type: msg` keeps every character (its message may align columns with spaces on purpose).
+    """
+    name = _ERROR_NAME_COLON.match(line)
+    head, rest = line[: name.end()], line[name.end():]
+    if not rest.strip() or (not head.endswith(" :") and rest.startswith(" ") and not rest.startswith("  ")):
+        return line
+    return head.removesuffix(":").rstrip() + ": " + _SPACE_RUN.sub(" ", rest.strip())

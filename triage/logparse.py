@@ -32,7 +32,11 @@ MAX_NESTING = 3
 LOG_LINES_TAIL = 200
 LOG_LINES_NOTABLE = 200
 
-_TRACEBACK_HEAD = re.compile(r"\s*(?:Original )?Traceback \(most recent call last\):?\s*$")
+# Python's header; sacred's "(most recent calls WITHOUT Sacred internals)"; a paste that says it runs innermost first.
+_TRACEBACK_HEAD = re.compile(
+    r"\s*(?:Original )?Traceback \(most recent (?:call last|calls WITHOUT Sacred internals|call first)\):?\s*$"
+)
+_INNERMOST_FIRST = "(most recent call first)"
 _RICH_HEAD = re.compile(r"╭─+ Traceback \(most recent call last\) ─+╮")
 # Numbers are at most 9 digits: a hostile 65 KB run of digits would otherwise reach int() and overflow its limit.
 _RICH_FRAME = re.compile(r"(?P<file>[^\s│╭╰].*?):(?P<line>\d{1,9}) in ?(?P<func>[\w.<>]*)$")
@@ -77,6 +81,10 @@ _ERROR_IN_LINE = re.compile(
     r"(?<![A-Za-z0-9_.])(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*(?:Error|Exception|Interrupt|Failure))"
     r": (?P<msg>\S.*)"
 )
+# An exception shown as its repr, as frameworks log a caught one: `RuntimeError('CUDA error: ...')`.
+_ERROR_REPR = re.compile(
+    r"(?<![A-Za-z0-9_.])(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*(?:Error|Exception))\((?P<quote>['\"])(?P<msg>[^'\"\n]{1,4000})(?P=quote),?\)"
+)
 _CLOSING = {"`": "`", '"': '"', "'": "'", "“": "”", "(": ")"}
 
 
@@ -91,7 +99,9 @@ def _inside_quotes(text: str, start: int) -> str:
 # Colab folds library frames into a line "4 frames"; the traceback goes on after it.
 _FOLDED_FRAMES = re.compile(r"\d+ frames?")
 # A traceback cut off before its exception line, whose last frame raises a literal message.
-_RAISE_LITERAL = re.compile(r"raise (?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)\((?P<quote>[\"'])(?P<msg>[^\"']+)(?P=quote)?")
+_RAISE_LITERAL = re.compile(r"raise (?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)\([fFrRbBuU]{0,2}(?P<quote>[\"'])(?P<msg>[^\"']+)(?P=quote)?")
+# Lines a paster puts where frames were left out.
+_ELISIONS = ("...", "…", "[...]", "(...)")
 
 _WIDE_BLANKS = re.compile(r"[ \t]{64,}")
 
@@ -210,7 +220,11 @@ class _TracebackScanner:
                 continue
             if "Traceback" in text and (_TRACEBACK_HEAD.match(text) or _IPYTHON_HEAD.match(text)):
                 ipython = _IPYTHON_HEAD.match(text)
-                i = self._read_traceback(i + 1, preset_type=ipython.group("type") if ipython else None)
+                added = len(self.stream.exceptions)
+                i = self._read_traceback(i + 1, preset_type=ipython.group("type") if ipython else None,
+                                         innermost_first=_INNERMOST_FIRST in text)
+                if text.lstrip().startswith("Original") and len(self.stream.exceptions) > added:
+                    self._name_worker_from_caught_line(self.stream.exceptions[added], i)
                 continue
             if text.startswith("Exception has occurred"):
                 vscode = _VSCODE_HEAD.match(text)
@@ -276,7 +290,18 @@ class _TracebackScanner:
             i += 1
         return self._read_traceback(i, preset_type=exc_type, preset_message="\n".join(message))
 
-    def _read_traceback(self, i: int, preset_type: str | None = None, preset_message: str = "") -> int:
+    def _name_worker_from_caught_line(self, exc: ExceptionInfo, after: int) -> None:
+        """A worker's "Original Traceback" pasted after the outer error line but read on its own (the paste
+        starts at `KeyError: Caught KeyError in DataLoader worker process 0.`): the worker is that line's."""
+        for line in reversed(self.stream.context[-3:]):
+            worker = _WORKER.search(line.text) if "DataLoader worker" in line.text else None
+            if worker and exc.worker is None:
+                exc.worker = int(worker.group("worker"))
+                return
+
+    def _read_traceback(
+        self, i: int, preset_type: str | None = None, preset_message: str = "", innermost_first: bool = False
+    ) -> int:
         lines = self.lines
         head: list[Frame] = []
         tail: deque[Frame] = deque(maxlen=MAX_FRAMES_TAIL)
@@ -302,8 +327,8 @@ class _TracebackScanner:
                 frame = push(_frame(match.group("file"), match.group("line"), match.group("func") or "<module>"))
                 i += 1
                 continue
-            if not stripped or _FOLDED_FRAMES.fullmatch(stripped):
-                i += 1
+            if not stripped or _FOLDED_FRAMES.fullmatch(stripped) or stripped in _ELISIONS:
+                i += 1  # blank, Colab's "4 frames", or frames the paster left out ("...")
                 continue
             ipy_frame = _ipython_frame(text)
             if ipy_frame is not None:
@@ -323,12 +348,22 @@ class _TracebackScanner:
                     frame.code = stripped
                 i += 1
                 continue
-            if text[0] in " \t" and (stripped == "..." or _CARETS.match(text) or _IPY_CONTEXT_LINE.match(text)):
+            if text[0] in " \t" and (_CARETS.match(text) or _IPY_CONTEXT_LINE.match(text)):
+                i += 1
+                continue
+            if frame is not None and frame.code is None and _FRAME.match(lines[i - 1].text) and _is_flat_code(text):
+                # A paste that lost its indentation: the frame's code line sits flush under its `File` line.
+                frame.code = stripped
                 i += 1
                 continue
             break
 
-        return self._finish(i, head + list(tail), omitted, start_number, preset_type, preset_message)
+        frames = head + list(tail)
+        if innermost_first or _pasted_innermost_first(frames):
+            frames.reverse()
+            self.stream.notes.append(f"the traceback at line {start_number} lists its frames innermost first;"
+                                     " read in Python's order")
+        return self._finish(i, frames, omitted, start_number, preset_type, preset_message)
 
     def _read_rich_traceback(self, i: int) -> int:
         """rich's boxed traceback (Lightning CLI, typer): `│ path:line in func │` frames, `❱ N │ code` lines."""
@@ -394,6 +429,7 @@ class _TracebackScanner:
         # Where every line carries a timestamp, a new record does not end the message.
         every_line_stamped = lines[i].record_start
         message_lines = [match.group("msg") or ""]
+        nested = "Traceback (most recent call last)" in message_lines[0]  # torch 0.x: the worker's traceback follows
         i += 1
         size = len(message_lines[0])
         while i < len(lines) and len(message_lines) < MAX_MESSAGE_LINES and size < MAX_MESSAGE_CHARS:
@@ -407,6 +443,10 @@ class _TracebackScanner:
                 break
             if _NOT_MESSAGE.match(text):
                 break  # a CUDA kernel's assertion or an NCCL line printed right after the error
+            if 'File "' in text and _FRAME.match(text) and not nested:
+                break  # another traceback's frames interleaved with this one (a spawned child and its parent)
+            # A nested traceback (a worker's, torch 0.x's) or Dynamo's "from user code:" block keeps its frames.
+            nested = nested or "Traceback (most recent call last)" in text or _USER_CODE_HEAD in text
             message_lines.append(text)
             size += len(text)
             i += 1
@@ -543,6 +583,34 @@ def adopt_known_message(incident: Incident, recognise: Callable[[str], tuple[str
     return True
 
 
+def _is_flat_code(text: str) -> bool:
+    """Whether a line flush against the margin inside a traceback is a frame's code, not what ends the frames."""
+    stripped = text.strip()
+    return not (_EXCEPTION_LINE.match(stripped) or _BARE_ERROR_LINE.match(stripped) or "Traceback" in stripped
+                or _CAUSE in stripped or _CONTEXT in stripped or _ERROR_IN_LINE.search(stripped))
+
+
+def _pasted_innermost_first(frames: list[Frame]) -> bool:
+    """Frames pasted in reverse: the script's `<module>` frame, always the outermost, comes last.
+
+    Only when nothing else explains a final `<module>` frame: it is the traceback's only `<module>` frame,
+    the first frame is library code and the last is the user's (an import at module level puts a library's
+    `<module>` frame last, and a traceback cut at its top can start anywhere in user code).
+    """
+    if len(frames) < 2 or frames[-1].function != "<module>" or not frames[-1].user or frames[0].user:
+        return False
+    return sum(frame.function == "<module>" for frame in frames) == 1
+
+
+def _is_spawn_echo(exc: ExceptionInfo) -> bool:
+    """A spawned child that died unpickling what its parent sent (`EOFError: Ran out of input` in
+    multiprocessing's spawn bootstrap): the echo of the parent's own error, printed beside it on Windows."""
+    if exc.short_type != "EOFError":
+        return False  # a child's own failure (`Can't get attribute 'X' on <module '__main__'>`) is the cause
+    return any(frame.function in ("spawn_main", "_main") and frame.file.replace("\\", "/").endswith("multiprocessing/spawn.py")
+               for frame in exc.frames[-3:])
+
+
 def _frame(file: str, line: str | None, function: str) -> Frame:
     return Frame(file=file, line=int(line) if line else None, function=function.strip(), user=is_user_path(file))
 
@@ -574,7 +642,11 @@ def _assemble(streams: list[_Stream]) -> Incident:
         # No exception line read after a traceback (none, or only tracebacks cut off by a wrapped paste):
         # an error line elsewhere in the log is the failure.
         exceptions = sorted(exceptions + _bare_errors(context), key=lambda e: e.line_no or 0)
+    exceptions, joined = _join_split_errors(exceptions)
+    notes += joined
     candidates = [e for e in exceptions if not e.wrapper and e.short_type not in _WRAPPER_TYPES and e.type]
+    if any(not _is_spawn_echo(e) for e in candidates):
+        candidates = [e for e in candidates if not _is_spawn_echo(e)]
     root = candidates[0] if candidates else (exceptions[0] if exceptions else None)
 
     # torchrun's failure summary is the launcher's log output, though printed as an exception message.
@@ -590,6 +662,33 @@ def _assemble(streams: list[_Stream]) -> Incident:
     elif root is None and incident.signal is None and any(_says_nan(line.text) for line in context):
         incident.kind = "nan"
     return incident
+
+
+# How far apart an error line and the frames it belongs to may be printed (a fence, a logger line, prose between).
+SPLIT_GAP_LINES = 6
+
+
+def _join_split_errors(exceptions: list[ExceptionInfo]) -> tuple[list[ExceptionInfo], list[str]]:
+    """An error line with no frames, and frames with no error line, printed close together: one exception.
+
+    Pastes put the error before the traceback (copied from an issue title, or a log that prints the
+    message first), or cut the traceback and repeat the error below it.
+    """
+    notes: list[str] = []
+    untyped = [e for e in exceptions if not e.type and e.frames]
+    for frames_only in untyped:
+        start = frames_only.line_no or 0
+        end = start + 2 * len(frames_only.frames) + SPLIT_GAP_LINES
+        near = [e for e in exceptions if e.type and not e.frames and e.line_no is not None
+                and start - SPLIT_GAP_LINES <= e.line_no <= end]
+        if not near:
+            continue
+        error = min(near, key=lambda e: abs((e.line_no or 0) - start))
+        error.frames = frames_only.frames
+        exceptions = [e for e in exceptions if e is not frames_only]
+        notes.append(f"the {error.type} at line {error.line_no} and the traceback at line {start} were printed apart;"
+                     " read as one")
+    return exceptions, notes
 
 
 def _says_nan(text: str) -> bool:
@@ -610,6 +709,10 @@ def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
         if not match:
             inside = _ERROR_IN_LINE.search(text)
             if not inside:
+                shown = _ERROR_REPR.search(text) if "(" in text else None
+                if shown:  # `failed because of the following error: RuntimeError('CUDA error: ...')`
+                    found.append(ExceptionInfo(shown.group("type"), shown.group("msg"), [], rank=line.rank,
+                                               line_no=line.number))
                 continue
             match = _BARE_ERROR_LINE.match(_inside_quotes(text, inside.start()))  # prose or a quote around it
         message = [match.group("msg") or ""]
