@@ -10,6 +10,8 @@ from .logparse import adopt_known_message, parse_log
 from .logread import read_log
 from .pipeline import triage_incident
 
+PYTHON_CATEGORY = "python"
+
 
 def explain_log(path: str | None, kb: KnowledgeBase) -> Report:
     """Diagnose the log at `path` (standard input for None or '-'); raises LogReadError if unreadable."""
@@ -21,9 +23,14 @@ def explain_log(path: str | None, kb: KnowledgeBase) -> Report:
     if job is not None:
         return triage_incident(job, kb, source="log")
     typed = incident.exception is not None and incident.exception.type and incident.exception.message
-    if not typed and not diagnose(incident, kb, []):
+    leading = diagnose(incident, kb, [])
+    if not typed and not leading:
         # No exception line and no log-line rule: a known message pasted without its type still names the failure.
         adopt_known_message(incident, _known_message_finder(kb))
+    elif typed and (not leading or leading[0].category == PYTHON_CATEGORY):
+        # A Python error (or none a rule knows) leads, but a PyTorch message sits on another line: a wrapper's
+        # error, an echo, or prose around the paste. The PyTorch message is the failure to explain.
+        adopt_known_message(incident, _known_message_finder(kb), beside=True)
     return triage_incident(incident, kb, source="log")
 
 

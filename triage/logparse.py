@@ -292,11 +292,18 @@ class _TracebackScanner:
 
     def _name_worker_from_caught_line(self, exc: ExceptionInfo, after: int) -> None:
         """A worker's "Original Traceback" pasted after the outer error line but read on its own (the paste
-        starts at `KeyError: Caught KeyError in DataLoader worker process 0.`): the worker is that line's."""
+        starts at `KeyError: Caught KeyError in DataLoader worker process 0.`): that line is the wrapper, as
+        when the main process's traceback is pasted too, and the worker is the one it names."""
         for line in reversed(self.stream.context[-3:]):
             worker = _WORKER.search(line.text) if "DataLoader worker" in line.text else None
-            if worker and exc.worker is None:
+            caught = _BARE_ERROR_LINE.match(line.text.strip()) if worker else None
+            if caught and exc.worker is None:
                 exc.worker = int(worker.group("worker"))
+                wrapper = ExceptionInfo(caught.group("type"), caught.group("msg") or "", [], rank=line.rank,
+                                        line_no=line.number)
+                wrapper.wrapper = True
+                self.stream.context.remove(line)
+                self.stream.exceptions.insert(self.stream.exceptions.index(exc), wrapper)
                 return
 
     def _read_traceback(
@@ -545,18 +552,27 @@ def side_stack_in_text(text: str) -> tuple[str, list[Frame]]:
     return "", []
 
 
-def adopt_known_message(incident: Incident, recognise: Callable[[str], tuple[str, int] | None]) -> bool:
+def adopt_known_message(
+    incident: Incident, recognise: Callable[[str], tuple[str, int] | None], beside: bool = False
+) -> bool:
     """For a log that held no exception line: the first message `recognise` knows becomes its exception.
 
     Real pastes drop the exception type (`Expected all tensors to be on the same device...`), quote or
     indent the message, or put it mid-sentence. `recognise(text)` returns the exception type that message
     is raised as and where in `text` it starts (the knowledge base's message patterns know both), or None.
     The exception's message runs from the start of that line to the next blank line.
+
+    With `beside`, the log has an exception, but a Python one no PyTorch rule explains: a known message
+    on another line (or in another exception's message) becomes the root, the Python error stays listed.
     """
-    if any(exc.type and exc.message for exc in incident.exceptions):
+    if not beside and any(exc.type and exc.message for exc in incident.exceptions):
         return False
+    root = incident.exception
+    # A wrapper's message ("Caught KeyError in DataLoader worker process 0") only points at the root.
+    others = [exc.message for exc in incident.exceptions
+              if beside and exc is not root and exc.message and not exc.wrapper and exc.short_type not in _WRAPPER_TYPES]
     # No message needs a run of 64 blanks; collapsing them keeps every pattern's search short on padded lines.
-    lines = [_WIDE_BLANKS.sub(" ", line) for line in incident.log_lines]
+    lines = [_WIDE_BLANKS.sub(" ", line) for line in [*incident.log_lines, *"\n\n".join(others).split("\n")]]
     text = "\n".join(lines)
     found = recognise(text)
     if found is None:
@@ -570,7 +586,6 @@ def adopt_known_message(incident: Incident, recognise: Callable[[str], tuple[str
         block.append(line)
     message = "\n".join(block)
     cut = start - (text.rfind("\n", 0, start) + 1)  # what came before the message on its line: a prompt, prose
-    root = incident.exception
     if root is not None and root.type and not root.message and exc_type in ("", root.short_type):
         # A traceback whose message was printed apart from it (a notebook's JSON, a cut paste): join them.
         root.message = message[cut:].strip()
@@ -579,7 +594,11 @@ def adopt_known_message(incident: Incident, recognise: Callable[[str], tuple[str
         exc = ExceptionInfo(exc_type, message[cut:].strip(), [], line_no=None)
         incident.exceptions.append(exc)
         incident.exception = exc
-    incident.notes.append(f"no exception line; read the known message {message[cut:][:60]!r} as a {exc.type or 'error'}")
+    if beside:
+        incident.notes.append(f"{root.type if root else 'the error'} is not a PyTorch error; the log's PyTorch message"
+                              f" {message[cut:][:60]!r} is read as the failure")
+    else:
+        incident.notes.append(f"no exception line; read the known message {message[cut:][:60]!r} as a {exc.type or 'error'}")
     return True
 
 
