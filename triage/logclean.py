@@ -35,6 +35,8 @@ _RECORD_PREFIXES = (
     re.compile(r"\[?[IWEF]\d{3,4} \d\d:\d\d:\d\d\.\d+(?: +\d+)? +[^\]\s]+\] ?"),
     # python logging's default format: ERROR:root: / WARNING:torch.distributed.run:
     re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.<>]+:\s?"),
+    # sacred's console format: ERROR - my_experiment - Failed after 0:00:12!
+    re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) - [\w.<>]+ - "),
     # vLLM and friends: ERROR 04-01 23:46:56 [engine.py:160]
     re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]\n]{1,80}\] ?"),
     # [12:34:56] / 12:34:56 timestamps with a level

@@ -613,11 +613,13 @@ def _pasted_innermost_first(frames: list[Frame]) -> bool:
     """Frames pasted in reverse: the script's `<module>` frame, always the outermost, comes last.
 
     Only when nothing else explains a final `<module>` frame: it is the traceback's only `<module>` frame,
-    the first frame is library code and the last is the user's (an import at module level puts a library's
-    `<module>` frame last, and a traceback cut at its top can start anywhere in user code).
+    the first frame is library code, the last is the user's, and its code is not an import (a module that
+    fails while it is imported puts its `<module>` frame last in Python's own order).
     """
     if len(frames) < 2 or frames[-1].function != "<module>" or not frames[-1].user or frames[0].user:
         return False
+    if (frames[-1].code or "").startswith(("import ", "from ")):
+        return False  # an import that failed at module level: the `<module>` frame really is the innermost
     return sum(frame.function == "<module>" for frame in frames) == 1
 
 
