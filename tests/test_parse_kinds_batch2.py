@@ -168,3 +168,12 @@ def test_a_python_error_with_no_pytorch_message_stays_python(tmp_path, kb):
                    "    cfg['lr']\nKeyError: 'lr'\n")
     report = explain_log(str(log), kb)
     assert report.diagnoses[0].category == "python"
+
+
+def test_a_frame_path_a_terminal_wrapped_is_joined_again():
+    # pytorch/pytorch#33296: the wrapped frame line came back joined by the padding of the terminal's line
+    text = ('Traceback (most recent call last):\n  File "/home/u/.local/lib/python3.6/site-packages/torch/utils/data/dataload'
+            + " " * 150 + 'er.py", line 761, in _try_get_data\n    data = self._data_queue.get(timeout=timeout)\n'
+            "RuntimeError: DataLoader worker (pid 123) is killed by signal: Killed.\n")
+    frame = parse_text(text).exception.frames[0]
+    assert (frame.file.endswith("torch/utils/data/dataloader.py"), frame.user) == (True, False)

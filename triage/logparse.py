@@ -632,7 +632,13 @@ def _is_spawn_echo(exc: ExceptionInfo) -> bool:
                for frame in exc.frames[-3:])
 
 
+# A path a terminal wrapped and the paste joined with the padding of the wrapped line (`.../dataload      er.py`).
+_WRAP_GAP = re.compile(r" {8,}")
+
+
 def _frame(file: str, line: str | None, function: str) -> Frame:
+    if "        " in file:
+        file = _WRAP_GAP.sub("", file)
     return Frame(file=file, line=int(line) if line else None, function=function.strip(), user=is_user_path(file))
 
 
