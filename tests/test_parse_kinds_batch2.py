@@ -177,3 +177,43 @@ def test_a_frame_path_a_terminal_wrapped_is_joined_again():
             "RuntimeError: DataLoader worker (pid 123) is killed by signal: Killed.\n")
     frame = parse_text(text).exception.frames[0]
     assert (frame.file.endswith("torch/utils/data/dataloader.py"), frame.user) == (True, False)
+
+
+def test_torch0_reraises_a_workers_error_with_its_traceback_as_the_message():
+    # zijundeng/pytorch-semantic-segmentation#10: `TypeError: Traceback (most recent call last):` then the worker's
+    incident = parse("dataloader/collate_pil_image_torch02_py27_semseg.log")
+    outer, inner = incident.exceptions
+    assert outer.wrapper and incident.exception is inner
+    assert inner.message == "batch must contain tensors, numbers, dicts or lists; found <class 'PIL.Image.Image'>"
+    assert [f.function for f in inner.frames] == ["_worker_loop", "default_collate", "default_collate"]
+
+
+def test_an_old_mp_spawn_exception_wraps_the_childs_traceback():
+    # pytorch/pytorch#50261 (torch < 1.8): `Exception:`, a blank line, `-- Process 0 terminated ...`, the child's
+    incident = parse_text((ROOT / "corpus/logs-fresh/checkpoint/torchscript_loaded_with_torch_load_no_module_torch.log")
+                          .read_text())
+    outer, inner = incident.exceptions
+    assert (outer.type, outer.wrapper) == ("Exception", True)
+    assert (incident.exception, inner.type, inner.rank) == (inner, "ModuleNotFoundError", 0)
+
+
+def test_a_traceback_after_ctrl_c_cut_before_its_error_is_a_keyboard_interrupt():
+    # pytorch/pytorch#19258: `^CTraceback (most recent call last):`, the paste ends inside the last frame
+    exc = parse_text((ROOT / "corpus/logs-fresh/dataloader/timeout_interrupted_get_batch_torch10.log").read_text()).exception
+    assert (exc.type, exc.frames[3].function) == ("KeyboardInterrupt", "__next__")
+
+
+def test_a_paste_hard_wrapped_at_a_fixed_width_is_joined_again(kb):
+    # huggingface/open-r1#620: every line cut at 137 columns, inside words (`ran f` / `or 1800010 milliseconds`)
+    log = ROOT / "corpus/logs-fresh/distributed/watchdog_broadcast_timeout_wrapped_open_r1.log"
+    report = explain_log(str(log), kb)
+    assert report.diagnoses[0].category == "distributed"
+    assert any("OpType=BROADCAST" in line and "ran for 1800010 milliseconds" in line for line in report.incident.log_lines)
+
+
+def test_repeated_lines_of_one_length_are_not_read_as_a_wrap():
+    # CUDA assertion lines share their length but are whole: each stays its own line
+    from triage.logclean import clean_lines
+
+    text = (ROOT / "corpus/logs/cuda-assert/index_select_srcindex_lm_eval.log").read_text()
+    assert len(clean_lines(text)) == len(text.split("\n"))

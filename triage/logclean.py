@@ -46,8 +46,11 @@ _RECORD_PREFIXES = (
 _TRACEBACK = "Traceback (most recent call last)"
 _GLUED_ERROR = re.compile(r"(?<=\))(?:[a-z_]\w*\.)*[A-Z]\w*Error: ")
 # Where "Traceback" legitimately follows text on a line: IPython's header, a worker's
-# "Original Traceback", rich's box.
-_KEEPS_TRACEBACK_ON_LINE = re.compile(r"\s*(?:[A-Za-z_][\w.]*\s{2,}|Original |╭)")
+# "Original Traceback", rich's box, and torch 0.x re-raising a worker's error with its traceback as the
+# message (`TypeError: Traceback (most recent call last):`).
+_KEEPS_TRACEBACK_ON_LINE = re.compile(
+    r"\s*(?:[A-Za-z_][\w.]*\s{2,}|Original |╭|(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception): $)"
+)
 # pdb's `> /path/file.py(12)func()`; `[^()]*` keeps it linear (`.*` then `\S*` backtracked per parenthesis).
 # Prefixes a debugger or test runner puts before an error it shows: pytest's `E   `, ipdb/pdb's `*** `.
 _TOOL_PREFIX = re.compile(r"E(?: {2,}|\t)\s*(?=\S)|\*\*\* (?=[A-Za-z_])")
@@ -75,7 +78,7 @@ class LogLine:
 def clean_lines(text: str, first_number: int = 1) -> list[LogLine]:
     """Split `text` into cleaned lines; see the module docstring for what is removed."""
     out: list[LogLine] = []
-    for number, raw in enumerate(text.split("\n"), start=first_number):
+    for number, raw in _unwrap_hard_wrapped(text.split("\n"), first_number):
         line = _clean_one(raw)
         if line.lstrip().startswith("```"):
             rest = line.strip().strip("`").strip()
@@ -97,6 +100,45 @@ def clean_lines(text: str, first_number: int = 1) -> list[LogLine]:
             line = head + after
         out.append(LogLine(line, number, rank, record_start))
     return out
+
+
+# A terminal or a mail client wrapped the paste at a fixed width: at least this many lines end exactly there.
+WRAP_MIN_WIDTH = 60
+WRAP_MIN_LINES = 3
+WRAP_MIN_EVIDENCE = 2  # lines of that length cut inside a word
+
+
+def _unwrap_hard_wrapped(raw_lines: list[str], first_number: int) -> list[tuple[int, str]]:
+    """(number, line) pairs, with the lines a fixed-width wrap cut joined again.
+
+    A wrapped paste has several lines of exactly the longest length and none longer, and some of them were
+    cut inside a word or a path (`...ran f` / `or 1800010 ms`). Only then is every line of that length joined
+    with the next (a cut can also fall on a space): repeated lines that merely share a length (CUDA
+    assertions, a rich box) are never cut mid-word, and stay apart.
+    """
+    numbered = list(enumerate(raw_lines, start=first_number))
+    lengths = [len(line.rstrip("\r")) for line in raw_lines]
+    width = max(lengths, default=0)
+    if width < WRAP_MIN_WIDTH or width > MAX_LINE_CHARS or lengths.count(width) < WRAP_MIN_LINES:
+        return numbered
+    cut = [index for index, length in enumerate(lengths[:-1]) if length == width and raw_lines[index + 1].strip()]
+    # Evidence: a line cut inside a word whose rest is shorter than the width (the tail of the wrapped line).
+    if sum(_cut_mid_word(raw_lines[index].rstrip("\r"), raw_lines[index + 1]) and lengths[index + 1] < width
+           for index in cut) < WRAP_MIN_EVIDENCE:
+        return numbered
+    joined = set(cut)
+    out: list[tuple[int, str]] = []
+    for index, (number, line) in enumerate(numbered):
+        if index - 1 in joined and out:
+            out[-1] = (out[-1][0], out[-1][1] + line)
+        else:
+            out.append((number, line.rstrip("\r") if index in joined else line))
+    return out
+
+
+def _cut_mid_word(line: str, following: str) -> bool:
+    return bool(line) and bool(following) and (line[-1].isalnum() or line[-1] in "/_") and (
+        following[0].isalnum() or following[0] in "/_")
 
 
 def _clean_one(raw: str) -> str:

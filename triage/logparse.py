@@ -202,6 +202,8 @@ class _TracebackScanner:
         # The exception added last and the log line its message ended on (for Dynamo's "from user code:").
         self.last_added: ExceptionInfo | None = None
         self.last_end = 0
+        # The rank an `mp.spawn` wrapper named for the child's traceback that follows it.
+        self.pending_rank: int | None = None
 
     def scan(self) -> None:
         lines, i = self.lines, 0
@@ -221,8 +223,10 @@ class _TracebackScanner:
             if "Traceback" in text and (_TRACEBACK_HEAD.match(text) or _IPYTHON_HEAD.match(text)):
                 ipython = _IPYTHON_HEAD.match(text)
                 added = len(self.stream.exceptions)
-                i = self._read_traceback(i + 1, preset_type=ipython.group("type") if ipython else None,
-                                         innermost_first=_INNERMOST_FIRST in text)
+                # `^CTraceback`: the user pressed Ctrl-C; a paste cut before its last line still was a KeyboardInterrupt.
+                interrupted = i > 0 and lines[i - 1].number == lines[i].number and lines[i - 1].text.strip() == "^C"
+                preset = ipython.group("type") if ipython else "KeyboardInterrupt" if interrupted else None
+                i = self._read_traceback(i + 1, preset_type=preset, innermost_first=_INNERMOST_FIRST in text)
                 if text.lstrip().startswith("Original") and len(self.stream.exceptions) > added:
                     self._name_worker_from_caught_line(self.stream.exceptions[added], i)
                 continue
@@ -239,6 +243,13 @@ class _TracebackScanner:
                 # An IPython traceback pasted without its header line.
                 i = self._read_traceback(i)
                 continue
+            spawned = _SPAWNED_PROCESS.search(text) if text.startswith("-- Process") else None
+            last = self.last_added
+            if spawned and last is not None and not last.message and lines[i].number - self.last_end <= 2:
+                # torch < 1.8's mp.spawn raised a bare `Exception` whose message (the child's traceback) follows a
+                # blank line: that exception only wraps the child's, which comes next.
+                last.wrapper = True
+                self.pending_rank = int(spawned.group("rank"))
             if _CAUSE in text:
                 self.pending_link = "cause"
             elif _CONTEXT in text:
@@ -478,6 +489,8 @@ class _TracebackScanner:
             exc.side_label, exc.side_frames = side_stack_in_text(exc.message)
         self.last_added, self.last_end = exc, end_number
         exc.rank = self.lines[0].rank if self.lines else None
+        if self.pending_rank is not None and not exc.wrapper:
+            exc.rank, self.pending_rank = self.pending_rank, None
         if omitted:
             self.stream.notes.append(f"{exc.type or 'a traceback'}: {omitted} frames not shown")
         self.stream.exceptions.append(exc)
