@@ -217,3 +217,14 @@ def test_repeated_lines_of_one_length_are_not_read_as_a_wrap():
 
     text = (ROOT / "corpus/logs/cuda-assert/index_select_srcindex_lm_eval.log").read_text()
     assert len(clean_lines(text)) == len(text.split("\n"))
+
+
+@pytest.mark.parametrize("name", [
+    "cuda-env/driver_too_old_found_6050_duplicated.log",  # PyTorch's own message, broken at 65 columns
+    "batch2/nan/apex_gradient_overflow_scale_underflow.log",  # lines of one length ending in a digit
+])  # fmt: skip
+def test_lines_broken_by_their_writer_are_not_joined(name):
+    from triage.logclean import clean_lines
+
+    text = (ROOT / "corpus" / "logs-fresh" / name).read_text()
+    assert len(clean_lines(text)) == len(text.split("\n"))

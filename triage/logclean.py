@@ -102,8 +102,9 @@ def clean_lines(text: str, first_number: int = 1) -> list[LogLine]:
     return out
 
 
-# A terminal or a mail client wrapped the paste at a fixed width: at least this many lines end exactly there.
-WRAP_MIN_WIDTH = 60
+# A terminal wrapped the paste at a fixed width: at least this many lines end exactly there. Narrower widths
+# are PyTorch's and loggers' own line breaks (a driver message broken at 65 columns), never rejoined.
+WRAP_MIN_WIDTH = 100
 WRAP_MIN_LINES = 3
 WRAP_MIN_EVIDENCE = 2  # lines of that length cut inside a word
 
@@ -137,8 +138,9 @@ def _unwrap_hard_wrapped(raw_lines: list[str], first_number: int) -> list[tuple[
 
 
 def _cut_mid_word(line: str, following: str) -> bool:
+    # The rest of a cut word or path: lower case, a digit, `/` or `_` (a capital more likely starts a new line).
     return bool(line) and bool(following) and (line[-1].isalnum() or line[-1] in "/_") and (
-        following[0].isalnum() or following[0] in "/_")
+        following[0].islower() or following[0].isdigit() or following[0] in "/_")
 
 
 def _clean_one(raw: str) -> str:
