@@ -228,3 +228,16 @@ def test_lines_broken_by_their_writer_are_not_joined(name):
 
     text = (ROOT / "corpus" / "logs-fresh" / name).read_text()
     assert len(clean_lines(text)) == len(text.split("\n"))
+
+
+def test_a_rich_box_pasted_from_its_middle_is_still_read():
+    # FoNDUE-HTR/Documentation#13: no `╭─ Traceback` header, `path:1024` with `in _try_get_data` on the next line,
+    # and the paste ends inside the box: the frame's `❱` line says what it raised
+    exc = parse_text((ROOT / "corpus/logs-fresh/dataloader/worker_killed_rich_traceback_kraken.log").read_text()).exception
+    assert (exc.type, exc.frames[-1].function, exc.frames[-1].line) == ("RuntimeError", "_try_get_data", 1024)
+    assert exc.message == "DataLoader worker (pid(s) {}) exited unexpectedly"
+
+
+def test_a_box_code_line_ending_in_a_slice_is_not_a_frame_header():
+    text = "│   10 │ a = b[:3                                    │\n│   11 │ c = d                                       │\n"
+    assert parse_text(text).exception is None

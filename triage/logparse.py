@@ -39,7 +39,9 @@ _TRACEBACK_HEAD = re.compile(
 _INNERMOST_FIRST = "(most recent call first)"
 _RICH_HEAD = re.compile(r"╭─+ Traceback \(most recent call last\) ─+╮")
 # Numbers are at most 9 digits: a hostile 65 KB run of digits would otherwise reach int() and overflow its limit.
-_RICH_FRAME = re.compile(r"(?P<file>[^\s│╭╰].*?):(?P<line>\d{1,9}) in ?(?P<func>[\w.<>]*)$")
+_RICH_FRAME = re.compile(r"(?P<file>[^\s│╭╰].*?):(?P<line>\d{1,9})(?: in ?(?P<func>[\w.<>]*))?$")
+# How far into a box pasted without its header the first frame header may be.
+RICH_HEADERLESS_LOOKAHEAD = 40
 _RICH_ARROW = re.compile(r"❱\s*\d+\s*(?:│\s*)*(?P<code>.*)$")
 _IPYTHON_HEAD = re.compile(r"(?P<type>[A-Za-z_][\w.]*)\s{2,}Traceback \(most recent call last\)")
 _VSCODE_HEAD = re.compile(r"Exception has occurred: (?P<type>[A-Za-z_][\w.]*)\s*$")
@@ -220,6 +222,10 @@ class _TracebackScanner:
             if "Traceback" in text and text.startswith("╭") and _RICH_HEAD.match(text):
                 i = self._read_rich_traceback(i + 1)
                 continue
+            if text.startswith("│") and self._starts_rich_frames(i):
+                # rich's box pasted from its middle: its header line and first frames were left out.
+                i = self._read_rich_traceback(i)
+                continue
             if "Traceback" in text and (_TRACEBACK_HEAD.match(text) or _IPYTHON_HEAD.match(text)):
                 ipython = _IPYTHON_HEAD.match(text)
                 added = len(self.stream.exceptions)
@@ -260,6 +266,15 @@ class _TracebackScanner:
         if self.pending_side is not None:
             self.stream.context.extend(self.pending_side.lines)
             self.pending_side = None
+
+    def _starts_rich_frames(self, i: int) -> bool:
+        """A run of `│ ... │` box lines with a rich frame header (`│ path:line in func │`) among its first lines."""
+        for j in range(i, min(i + RICH_HEADERLESS_LOOKAHEAD, len(self.lines))):
+            if not self.lines[j].text.startswith("│"):
+                return False
+            if _rich_header(self.lines, j):
+                return True
+        return False
 
     def _starts_ipython_frames(self, i: int) -> bool:
         """An IPython frame header (`path in func(...)`, `File path:N, in func`) followed by its numbered code."""
@@ -396,13 +411,13 @@ class _TracebackScanner:
             if not text.startswith("│"):
                 break
             inner = text[1:].rstrip().removesuffix("│").strip()
-            header = _RICH_FRAME.match(inner)
+            header = _rich_header(lines, i)
             if header:
                 function = header.group("func")
                 if not function and i + 1 < len(lines):
-                    # A long header wraps: the function name is alone on the next line.
+                    # A long header wraps: the function name (with or without its `in `) is alone on the next line.
                     i += 1
-                    function = lines[i].text[1:].rstrip().removesuffix("│").strip()
+                    function = lines[i].text[1:].rstrip().removesuffix("│").strip().removeprefix("in ").strip()
                 frames.append(_frame(header.group("file"), header.group("line"), function or "<unknown>"))
             elif inner.startswith("❱") and frames:
                 arrow = _RICH_ARROW.match(inner)
@@ -613,6 +628,18 @@ def adopt_known_message(
     else:
         incident.notes.append(f"no exception line; read the known message {message[cut:][:60]!r} as a {exc.type or 'error'}")
     return True
+
+
+def _rich_header(lines: list[LogLine], i: int) -> re.Match[str] | None:
+    """The frame header on box line `i`: `path:line in func`, or `path:line` with `in func` alone on the next line."""
+    inner = lines[i].text[1:].rstrip().removesuffix("│").strip()
+    if ":" not in inner:
+        return None
+    header = _RICH_FRAME.match(inner)
+    if header is None or header.group("func") is not None:
+        return header
+    following = lines[i + 1].text[1:].strip() if i + 1 < len(lines) and lines[i + 1].text.startswith("│") else ""
+    return header if following.startswith("in ") else None
 
 
 def _is_flat_code(text: str) -> bool:
