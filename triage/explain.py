@@ -30,18 +30,20 @@ def explain_log(path: str | None, kb: KnowledgeBase) -> Report:
     elif typed and (not leading or leading[0].category == PYTHON_CATEGORY):
         # A Python error (or none a rule knows) leads, but a PyTorch message sits on another line: a wrapper's
         # error, an echo, or prose around the paste. The PyTorch message is the failure to explain.
-        adopt_known_message(incident, _known_message_finder(kb), beside=True)
+        adopt_known_message(incident, _known_message_finder(kb, pytorch_only=True), beside=True)
     return triage_incident(incident, kb, source="log")
 
 
-def _known_message_finder(kb: KnowledgeBase):
+def _known_message_finder(kb: KnowledgeBase, pytorch_only: bool = False):
     """Where the earliest message a rule knows starts in a text, and the exception type it is raised as.
 
     Only exact PyTorch wordings count: keyword patterns, catch-alls (a backend's `[^\\n]+`) and `*.generic`
-    rules would read any line that mentions a worker or a device as an error.
+    rules would read any line that mentions a worker or a device as an error. With `pytorch_only`, the
+    messages of Python rules (`No such file or directory`) do not count either.
     """
     known = [(pattern, rule.exception_types[0].rsplit(".", 1)[-1] if rule.exception_types else "")
              for rule in kb.rules if not rule.id.endswith(".generic")
+             and not (pytorch_only and rule.category == PYTHON_CATEGORY)
              for pattern in rule.messages if not _matches_ordinary_lines(pattern)]
 
     def find(text: str) -> tuple[str, int] | None:
