@@ -241,3 +241,28 @@ def test_a_rich_box_pasted_from_its_middle_is_still_read():
 def test_a_box_code_line_ending_in_a_slice_is_not_a_frame_header():
     text = "│   10 │ a = b[:3                                    │\n│   11 │ c = d                                       │\n"
     assert parse_text(text).exception is None
+
+
+_PLAIN = ('Traceback (most recent call last):\n  File "train.py", line 9, in <module>\n    main()\n'
+          '  File "train.py", line 5, in main\n    loss = crit(out, y)\n'
+          "RuntimeError: CUDA error: device-side assert triggered\n")
+
+
+@pytest.mark.parametrize("paste", [
+    "\n".join("    " + line for line in _PLAIN.splitlines()),  # the whole traceback indented (a list item, a quote)
+    _PLAIN.replace("<module>", "&lt;module&gt;"),  # copied from a rendered page: HTML entities
+    "\n".join(f"{n} {line}" for n, line in enumerate(_PLAIN.splitlines(), start=1)),  # an editor's line numbers
+    "\n".join(f"[{n}] {line}" for n, line in enumerate(_PLAIN.splitlines(), start=1743)),  # a web UI's log lines
+])  # fmt: skip
+def test_a_traceback_inside_a_paste_format_reads_as_the_plain_one(paste):
+    plain = parse_text(_PLAIN).exception
+    exc = parse_text(paste).exception
+    assert (exc.type, exc.message) == (plain.type, plain.message)
+    assert [(f.function, f.line, f.code) for f in exc.frames] == [(f.function, f.line, f.code) for f in plain.frames]
+
+
+def test_counting_numbers_at_the_margin_without_a_traceback_are_kept():
+    table = "epoch loss\n" + "".join(f"{n} 0.{n}5\n" for n in range(1, 9))
+    from triage.logclean import clean_lines
+
+    assert [line.text for line in clean_lines(table)][1] == "1 0.15"

@@ -8,6 +8,7 @@ which ends a multi-line exception message.
 
 from __future__ import annotations
 
+import html
 import re
 from dataclasses import dataclass
 
@@ -78,7 +79,7 @@ class LogLine:
 def clean_lines(text: str, first_number: int = 1) -> list[LogLine]:
     """Split `text` into cleaned lines; see the module docstring for what is removed."""
     out: list[LogLine] = []
-    for number, raw in _unwrap_hard_wrapped(text.split("\n"), first_number):
+    for number, raw in _unwrap_hard_wrapped(_strip_line_gutter(text.split("\n")), first_number):
         line = _clean_one(raw)
         if line.lstrip().startswith("```"):
             rest = line.strip().strip("`").strip()
@@ -102,6 +103,35 @@ def clean_lines(text: str, first_number: int = 1) -> list[LogLine]:
     return out
 
 
+# A line-number gutter a viewer adds (`12 Traceback ...`, `[1743] {'loss': ...}`): a number at the margin, then
+# a space, tab or bar.
+_GUTTER = re.compile(r"(?:\[(?P<bracketed>\d{1,9})\]|(?P<plain>\d{1,9}))(?: |\t|\|)")
+GUTTER_MIN_LINES = 5
+GUTTER_MIN_SHARE = 0.8
+
+
+def _strip_line_gutter(raw_lines: list[str]) -> list[str]:
+    """The lines without a line-number gutter, when the paste has one: most lines start with a number one more
+    than the line before's, and a traceback is among them (a table of epochs also starts lines with counting
+    numbers, but holds no traceback)."""
+    numbers: list[int | None] = []
+    for line in raw_lines:
+        gutter = _GUTTER.match(line) if line[:1].isdigit() or line[:1] == "[" else None
+        numbers.append(int(gutter.group("bracketed") or gutter.group("plain")) if gutter else None)
+    filled = [n for n in numbers if n is not None]
+    non_blank = sum(1 for line in raw_lines if line.strip())
+    if len(filled) < GUTTER_MIN_LINES or len(filled) < GUTTER_MIN_SHARE * non_blank:
+        return raw_lines
+    counting = sum(1 for a, b in zip(filled, filled[1:]) if b == a + 1)
+    if counting < GUTTER_MIN_SHARE * (len(filled) - 1):
+        return raw_lines
+    stripped = [_GUTTER.sub("", line, count=1) if n is not None else line for line, n in zip(raw_lines, numbers)]
+    if not any("Traceback (most recent" in line or line.lstrip().startswith('File "') for line in stripped):
+        return raw_lines
+    return stripped
+
+
+_HTML_ENTITY = re.compile(r"&(?:lt|gt|quot|amp|apos|#39|#x27|#34);")
 # A terminal wrapped the paste at a fixed width: at least this many lines end exactly there. Narrower widths
 # are PyTorch's and loggers' own line breaks (a driver message broken at 65 columns), never rejoined.
 WRAP_MIN_WIDTH = 100
@@ -145,6 +175,9 @@ def _cut_mid_word(line: str, following: str) -> bool:
 
 def _clean_one(raw: str) -> str:
     line = raw
+    if "&" in line and _HTML_ENTITY.search(line):
+        # Copied from a rendered page or an e-mail: `in &lt;module&gt;`, `KeyError: &#39;x&#39;`.
+        line = html.unescape(line)
     if len(line) > MAX_LINE_CHARS:
         line = f"{line[:MAX_LINE_CHARS]} [... {len(line) - MAX_LINE_CHARS} characters cut]"
     if "\x1b" in line:

@@ -341,6 +341,9 @@ class _TracebackScanner:
         omitted = 0
         frame: Frame | None = None
         start_number = lines[i - 1].number if i > 0 else (lines[0].number if lines else 0)
+        # A whole traceback pasted indented (a quote block, a list item): its error line is as indented as its header.
+        header = lines[i - 1].text if i > 0 and "Traceback" in lines[i - 1].text else ""
+        base_indent = len(header) - len(header.lstrip()) if header else 0
 
         def push(new: Frame) -> Frame:
             nonlocal omitted
@@ -371,6 +374,8 @@ class _TracebackScanner:
             if frame is not None and text[0] in " \t-":
                 if lines[i].record_start and frame.code is not None and _EXCEPTION_LINE.match(stripped):
                     break  # a logger's padding indents the exception line too
+                if base_indent and len(text) - len(text.lstrip()) <= base_indent and _EXCEPTION_LINE.match(stripped):
+                    break  # the error line of a traceback pasted indented as a whole
                 arrow = _IPY_ARROW.match(stripped) if text[0] == "-" or stripped.startswith("-") else None
                 if arrow:
                     frame.line = frame.line or int(arrow.group("line"))
@@ -432,8 +437,9 @@ class _TracebackScanner:
     ) -> int:
         """Read the exception line and its message after a traceback's frames."""
         lines = self.lines
-        if i < len(lines) and lines[i].record_start:
-            lines[i] = LogLine(lines[i].text.lstrip(), lines[i].number, lines[i].rank, True)
+        if i < len(lines) and (lines[i].record_start or (lines[i].text[:1] in " \t"
+                                                          and _EXCEPTION_LINE.match(lines[i].text.lstrip()))):
+            lines[i] = LogLine(lines[i].text.lstrip(), lines[i].number, lines[i].rank, lines[i].record_start)
         if i < len(lines) and not _EXCEPTION_LINE.match(lines[i].text):
             # The error line with a prefix in front (`actual error: `, a quote mark, the code it was glued to).
             inside = _ERROR_IN_LINE.search(lines[i].text)
