@@ -23,7 +23,9 @@ def explain_log(path: str | None, kb: KnowledgeBase) -> Report:
     if job is not None:
         return triage_incident(job, kb, source="log")
     typed = incident.exception is not None and incident.exception.type and incident.exception.message
-    leading = diagnose(incident, kb, [])
+    # A pattern that times out here is disabled for the run: its warning must still reach the report.
+    warnings: list[str] = []
+    leading = diagnose(incident, kb, warnings)
     if not typed and not leading:
         # No exception line and no log-line rule: a known message pasted without its type still names the failure.
         adopt_known_message(incident, _known_message_finder(kb))
@@ -31,7 +33,9 @@ def explain_log(path: str | None, kb: KnowledgeBase) -> Report:
         # A Python error (or none a rule knows) leads, but a PyTorch message sits on another line: a wrapper's
         # error, an echo, or prose around the paste. The PyTorch message is the failure to explain.
         adopt_known_message(incident, _known_message_finder(kb, pytorch_only=True), beside=True)
-    return triage_incident(incident, kb, source="log")
+    report = triage_incident(incident, kb, source="log", warnings=warnings)
+    report.warnings = list(dict.fromkeys(report.warnings))  # matched twice: a rule's warning is still one line
+    return report
 
 
 def _known_message_finder(kb: KnowledgeBase, pytorch_only: bool = False):
