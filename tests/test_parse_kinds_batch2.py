@@ -266,3 +266,21 @@ def test_counting_numbers_at_the_margin_without_a_traceback_are_kept():
     from triage.logclean import clean_lines
 
     assert [line.text for line in clean_lines(table)][1] == "1 0.15"
+
+
+@pytest.mark.parametrize(("name", "code"), [
+    # ipdb: the statement typed at the prompt, then `*** RuntimeError: ...` (modelscope/ms-swift#4613)
+    ("inplace/leaf_inplace_ipdb_star_prompt_ms_swift.log", "inputs_embeds += image_embeds.mean() * 0."),
+    # IPython's arrow line alone above the error (Atcold/NYU-DLSP20#765)
+    ("inplace/view_of_leaf_positional_encoding_ipython_arrow.log", "E[:, 0::2] = torch.FloatTensor(np.sin(theta[:, 0::2]))"),
+])  # fmt: skip
+def test_the_statement_above_an_error_without_traceback_is_its_frame(name, code, kb):
+    exc = parse_text((ROOT / "corpus" / "logs-fresh" / name).read_text()).exception
+    assert (len(exc.frames), exc.frames[0].code, exc.frames[0].user) == (1, code, True)
+    report = explain_log(str(ROOT / "corpus" / "logs-fresh" / name), kb)
+    assert code in report.diagnoses[0].hypothesis  # the user's own line is named
+
+
+def test_a_line_above_an_error_that_is_not_a_statement_gives_no_frame():
+    exc = parse_text("epoch 3 loss 0.51\nRuntimeError: boom\n").exception
+    assert exc.frames == []

@@ -793,10 +793,33 @@ def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
             if not follow.text.strip() or follow.record_start or follow.number != line.number + len(message):
                 break
             message.append(follow.text)
-        found.append(ExceptionInfo(match.group("type"), "\n".join(message).strip(), [], rank=line.rank, line_no=line.number))
+        prompt = _statement_before(context, index)
+        found.append(ExceptionInfo(match.group("type"), "\n".join(message).strip(), [prompt] if prompt else [],
+                                   rank=line.rank, line_no=line.number))
         if len(found) >= MAX_EXCEPTIONS:
             break
     return found
+
+
+# The statement that raised, typed at a debugger's or IPython's prompt or shown by IPython's arrow, on the line
+# right above an error that has no traceback: `ipdb> x += 1`, `In [3]: loss.backward()`, `----> 6     E[:, 0::2] = ...`.
+# (Python's `>>> ` reads as a markdown quote and is gone by now.)
+_PROMPT = re.compile(r"(?:ipdb> |\(Pdb\) |In \[(?P<cell>\d{1,9})\]: )(?P<code>\S.*)")
+
+
+def _statement_before(context: list[LogLine], index: int) -> Frame | None:
+    if index == 0 or context[index - 1].number != context[index].number - 1:
+        return None
+    text = context[index - 1].text.strip()
+    prompt = _PROMPT.match(text)
+    if prompt:
+        cell = prompt.group("cell")
+        where = f"In [{cell}]" if cell else "<ipdb prompt>" if text.startswith("ipdb") else "<pdb prompt>"
+        return Frame(where, None, "<module>", code=prompt.group("code").strip(), user=True)
+    arrow = _IPY_ARROW.match(text) if text.startswith("-") else None
+    if arrow:
+        return Frame("<cell>", int(arrow.group("line")), "<module>", code=arrow.group("code").strip(), user=True)
+    return None
 
 
 def _log_excerpt(context: list[LogLine]) -> list[str]:
