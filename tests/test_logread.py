@@ -58,8 +58,10 @@ _PREFIXES = ["", "> ", "│ ", 'File "a", line 1, in f', "Input In [1], in f", "
              "[rank0]: ", "E1105 12:34:56.789 ", "~/a in f(", "Cell In[1], line 1, in ", "-> 1 ", "│ ❱ 1 ", "> /a.py(1)f",
              "╭─ Traceback (most recent call last) ", "0: ", "a.cu:1: ", "Exception has occurred: RuntimeError", "ERROR:root:",
              "RuntimeError :", "RuntimeError:", "failed: RuntimeError('", "ERROR - sacred - ", "A.A.A.Error :",
-             "Traceback (most recent call first): ", "12 ", "[1743] ", "&lt;", "    Traceback (most recent call last):"]  # fmt: skip
-_BODIES = [" ", "loss ", "a", "a.", ")", "(1)", ":1 in a", "─", "\t", "nan ", "Error: ", "1", "] ", "`", 'File "a", line 1, in f ']
+             "Traceback (most recent call first): ", "12 ", "[1743] ", "&lt;", "    Traceback (most recent call last):",
+             "Good luck!/a.py:1: UserWarning: "]  # fmt: skip
+_BODIES = [" ", "loss ", "a", "a.", ")", "(1)", ":1 in a", "─", "\t", "nan ", "Error: ", "1", "] ", "`", 'File "a", line 1, in f ',
+           "./", "!/a.py:1: UserWarning: "]
 
 
 @pytest.mark.parametrize("prefix", _PREFIXES)

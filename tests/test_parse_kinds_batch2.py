@@ -284,3 +284,13 @@ def test_the_statement_above_an_error_without_traceback_is_its_frame(name, code,
 def test_a_line_above_an_error_that_is_not_a_statement_gives_no_frame():
     exc = parse_text("epoch 3 loss 0.51\nRuntimeError: boom\n").exception
     assert exc.frames == []
+
+
+def test_a_warning_glued_onto_the_error_line_is_split_off_and_its_forward_trace_attached():
+    # WOW5678/CompNet#2: `...Good luck!/usr/local/.../__init__.py:175: UserWarning: Error detected in BmmBackward0. ...`
+    incident = parse_text((ROOT / "corpus/logs-fresh/inplace/modified_inplace_asstrided_glued_warning_compnet.log").read_text())
+    exc = incident.exception
+    assert exc.message.endswith("Good luck!")
+    assert exc.side_label == "forward call" and exc.side_frames
+    assert any(line.startswith("/usr/local/lib/python3.7/dist-packages/torch/autograd/__init__.py:175: UserWarning: Error "
+                               "detected in BmmBackward0") for line in incident.log_lines)

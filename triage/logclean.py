@@ -45,6 +45,10 @@ _RECORD_PREFIXES = (
 )
 
 _TRACEBACK = "Traceback (most recent call last)"
+# The warnings module's header, `/path/file.py:175: UserWarning: `, glued after other text on a line: found by
+# its fixed tail, then its path walked back to where it starts (a regex from the path's start rescans long lines).
+_WARNING_TAIL = re.compile(r"\.py:\d{1,9}: [A-Z]\w{0,80}Warning: ")
+_GLUE_BEFORE_PATH = "!.)]'\""
 _GLUED_ERROR = re.compile(r"(?<=\))(?:[a-z_]\w*\.)*[A-Z]\w*Error: ")
 # Where "Traceback" legitimately follows text on a line: IPython's header, a worker's
 # "Original Traceback", rich's box, and torch 0.x re-raising a worker's error with its traceback as the
@@ -89,6 +93,11 @@ def clean_lines(text: str, first_number: int = 1) -> list[LogLine]:
                 continue
             line = rest
         rank, record_start, line = _strip_prefixes(line)
+        glued_at = _glued_warning_start(line) if "Warning: " in line else 0
+        if glued_at > 0:
+            # A warning printed onto the end of the line before it (stderr unflushed): its own line.
+            out.append(LogLine(line[:glued_at], number, rank, record_start))
+            line = line[glued_at:]
         glued = _GLUED_ERROR.search(line) if "rror: " in line else None
         if glued and glued.start() > 0:
             # A damaged paste: an exception line run onto the code line before it.
@@ -171,6 +180,20 @@ def _cut_mid_word(line: str, following: str) -> bool:
     # The rest of a cut word or path: lower case, a digit, `/` or `_` (a capital more likely starts a new line).
     return bool(line) and bool(following) and (line[-1].isalnum() or line[-1] in "/_") and (
         following[0].islower() or following[0].isdigit() or following[0] in "/_")
+
+
+def _glued_warning_start(line: str) -> int:
+    """Where a warning header glued onto the end of other text starts (`...Good luck!/usr/lib/x.py:175: UserWarning:`),
+    or 0 when the line has none or starts with it."""
+    tail = _WARNING_TAIL.search(line)
+    if tail is None:
+        return 0
+    word_start = max(line.rfind(" ", 0, tail.start()), line.rfind("\t", 0, tail.start())) + 1
+    for at in range(word_start + 1, tail.start()):
+        drive = line[at].isalpha() and line[at + 1 : at + 3] == ":\\"
+        if (line[at] == "/" or drive) and line[at - 1] in _GLUE_BEFORE_PATH:
+            return at
+    return 0
 
 
 def _clean_one(raw: str) -> str:

@@ -155,6 +155,8 @@ class _Stream:
     exceptions: list[ExceptionInfo] = field(default_factory=list)
     context: list[LogLine] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Anomaly forward traces no exception followed: a frameless error line may own them (printed before them).
+    orphan_sides: list["_SideStack"] = field(default_factory=list)
 
 
 @dataclass
@@ -265,6 +267,7 @@ class _TracebackScanner:
             i += 1
         if self.pending_side is not None:
             self.stream.context.extend(self.pending_side.lines)
+            self.stream.orphan_sides.append(self.pending_side)
             self.pending_side = None
 
     def _starts_rich_frames(self, i: int) -> bool:
@@ -717,6 +720,7 @@ def _assemble(streams: list[_Stream]) -> Incident:
         exceptions = sorted(exceptions + _bare_errors(context), key=lambda e: e.line_no or 0)
     exceptions, joined = _join_split_errors(exceptions)
     notes += joined
+    _adopt_orphan_forward_traces(exceptions, [side for s in streams for side in s.orphan_sides])
     candidates = [e for e in exceptions if not e.wrapper and e.short_type not in _WRAPPER_TYPES and e.type]
     if any(not _is_spawn_echo(e) for e in candidates):
         candidates = [e for e in candidates if not _is_spawn_echo(e)]
@@ -735,6 +739,18 @@ def _assemble(streams: list[_Stream]) -> Incident:
     elif root is None and incident.signal is None and any(_says_nan(line.text) for line in context):
         incident.kind = "nan"
     return incident
+
+
+def _adopt_orphan_forward_traces(exceptions: list[ExceptionInfo], sides: list[_SideStack]) -> None:
+    """An anomaly-mode forward trace printed just after an error line with no traceback (a notebook flushes
+    stderr out of order) belongs to that error."""
+    for side in sides:
+        start = side.lines[0].number if side.lines else 0
+        owners = [e for e in exceptions if e.type and not e.side_frames and e.line_no is not None
+                  and 0 <= start - e.line_no <= SIDE_GAP_LINES]
+        if owners:
+            owner = max(owners, key=lambda e: e.line_no or 0)
+            owner.side_frames, owner.side_label = side.frames, side.label
 
 
 # How far apart an error line and the frames it belongs to may be printed (a fence, a logger line, prose between).
