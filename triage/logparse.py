@@ -231,12 +231,12 @@ class _TracebackScanner:
             if "Traceback" in text and (_TRACEBACK_HEAD.match(text) or _IPYTHON_HEAD.match(text)):
                 ipython = _IPYTHON_HEAD.match(text)
                 added = len(self.stream.exceptions)
-                # `^CTraceback`: the user pressed Ctrl-C; a paste cut before its last line still was a KeyboardInterrupt.
+                # `^CTraceback`: the user pressed Ctrl-C; cut before its last line, it still was a KeyboardInterrupt.
                 interrupted = i > 0 and lines[i - 1].number == lines[i].number and lines[i - 1].text.strip() == "^C"
                 preset = ipython.group("type") if ipython else "KeyboardInterrupt" if interrupted else None
                 i = self._read_traceback(i + 1, preset_type=preset, innermost_first=_INNERMOST_FIRST in text)
                 if text.lstrip().startswith("Original") and len(self.stream.exceptions) > added:
-                    self._name_worker_from_caught_line(self.stream.exceptions[added], i)
+                    self._name_worker_from_caught_line(self.stream.exceptions[added])
                 continue
             if text.startswith("Exception has occurred"):
                 vscode = _VSCODE_HEAD.match(text)
@@ -271,7 +271,7 @@ class _TracebackScanner:
             self.pending_side = None
 
     def _starts_rich_frames(self, i: int) -> bool:
-        """A run of `│ ... │` box lines with a rich frame header (`│ path:line in func │`) among its first lines."""
+        """A run of `│ ... │` box lines with a rich frame header (`│ path:line in func │`) among its first."""
         for j in range(i, min(i + RICH_HEADERLESS_LOOKAHEAD, len(self.lines))):
             if not self.lines[j].text.startswith("│"):
                 return False
@@ -319,7 +319,7 @@ class _TracebackScanner:
             i += 1
         return self._read_traceback(i, preset_type=exc_type, preset_message="\n".join(message))
 
-    def _name_worker_from_caught_line(self, exc: ExceptionInfo, after: int) -> None:
+    def _name_worker_from_caught_line(self, exc: ExceptionInfo) -> None:
         """A worker's "Original Traceback" pasted after the outer error line but read on its own (the paste
         starts at `KeyError: Caught KeyError in DataLoader worker process 0.`): that line is the wrapper, as
         when the main process's traceback is pasted too, and the worker is the one it names."""
@@ -606,8 +606,8 @@ def adopt_known_message(
         return False
     root = incident.exception
     # A wrapper's message ("Caught KeyError in DataLoader worker process 0") only points at the root.
-    others = [exc.message for exc in incident.exceptions
-              if beside and exc is not root and exc.message and not exc.wrapper and exc.short_type not in _WRAPPER_TYPES]
+    others = [exc.message for exc in incident.exceptions if beside and exc is not root and exc.message
+              and not exc.wrapper and exc.short_type not in _WRAPPER_TYPES]
     # No message needs a run of 64 blanks; collapsing them keeps every pattern's search short on padded lines.
     lines = [_WIDE_BLANKS.sub(" ", line) for line in [*incident.log_lines, *"\n\n".join(others).split("\n")]]
     text = "\n".join(lines)
@@ -635,7 +635,8 @@ def adopt_known_message(
         incident.notes.append(f"{root.type if root else 'the error'} is not a PyTorch error; the log's PyTorch message"
                               f" {message[cut:][:60]!r} is read as the failure")
     else:
-        incident.notes.append(f"no exception line; read the known message {message[cut:][:60]!r} as a {exc.type or 'error'}")
+        incident.notes.append(f"no exception line; read the known message {message[cut:][:60]!r}"
+                              f" as a {exc.type or 'error'}")
     return True
 
 
@@ -677,8 +678,8 @@ def _is_spawn_echo(exc: ExceptionInfo) -> bool:
     multiprocessing's spawn bootstrap): the echo of the parent's own error, printed beside it on Windows."""
     if exc.short_type != "EOFError":
         return False  # a child's own failure (`Can't get attribute 'X' on <module '__main__'>`) is the cause
-    return any(frame.function in ("spawn_main", "_main") and frame.file.replace("\\", "/").endswith("multiprocessing/spawn.py")
-               for frame in exc.frames[-3:])
+    return any(frame.function in ("spawn_main", "_main")
+               and frame.file.replace("\\", "/").endswith("multiprocessing/spawn.py") for frame in exc.frames[-3:])
 
 
 # A path a terminal wrapped and the paste joined with the padding of the wrapped line (`.../dataload      er.py`).
@@ -824,6 +825,7 @@ _PROMPT = re.compile(r"(?:ipdb> |\(Pdb\) |In \[(?P<cell>\d{1,9})\]: )(?P<code>\S
 
 
 def _statement_before(context: list[LogLine], index: int) -> Frame | None:
+    """The frame of the prompt or arrow line right above the error at `context[index]`, if it is one."""
     if index == 0 or context[index - 1].number != context[index].number - 1:
         return None
     text = context[index - 1].text.strip()
