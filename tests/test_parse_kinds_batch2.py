@@ -91,6 +91,7 @@ def test_an_error_printed_above_its_traceback_gets_the_traceback_frames():
     assert exc.message.startswith("Given groups=1, weight of size [64, 3, 3, 3]")
     assert [f.function for f in exc.frames][:3] == ["<module>", "main", "optimize_parameters"]
     assert any("printed apart" in note for note in incident.notes)
+    assert not any("cut off" in note for note in incident.notes)  # it found its error line
 
 
 def test_a_workers_original_traceback_pasted_from_the_outer_error_line(kb):

@@ -463,7 +463,7 @@ class _TracebackScanner:
             elif frames:
                 # Cut off before the exception line: keep the frames, say so.
                 self._add(ExceptionInfo("", "", frames, line_no=start_number), omitted, end_number)
-                self.stream.notes.append(f"a traceback at line {start_number} is cut off before its exception line")
+                self.stream.notes.append(_cut_off_note(start_number))
             return i
 
         match = _EXCEPTION_LINE.match(lines[i].text)
@@ -719,8 +719,9 @@ def _assemble(streams: list[_Stream]) -> Incident:
         # No exception line read after a traceback (none, or only tracebacks cut off by a wrapped paste):
         # an error line elsewhere in the log is the failure.
         exceptions = sorted(exceptions + _bare_errors(context), key=lambda e: e.line_no or 0)
-    exceptions, joined = _join_split_errors(exceptions)
-    notes += joined
+    exceptions, joined, whole = _join_split_errors(exceptions)
+    # A traceback joined with its error line was not cut off after all.
+    notes = [note for note in notes if not any(note == _cut_off_note(start) for start in whole)] + joined
     _adopt_orphan_forward_traces(exceptions, [side for s in streams for side in s.orphan_sides])
     candidates = [e for e in exceptions if not e.wrapper and e.short_type not in _WRAPPER_TYPES and e.type]
     if any(not _is_spawn_echo(e) for e in candidates):
@@ -758,13 +759,15 @@ def _adopt_orphan_forward_traces(exceptions: list[ExceptionInfo], sides: list[_S
 SPLIT_GAP_LINES = 6
 
 
-def _join_split_errors(exceptions: list[ExceptionInfo]) -> tuple[list[ExceptionInfo], list[str]]:
+def _join_split_errors(exceptions: list[ExceptionInfo]) -> tuple[list[ExceptionInfo], list[str], list[int]]:
     """An error line with no frames, and frames with no error line, printed close together: one exception.
 
     Pastes put the error before the traceback (copied from an issue title, or a log that prints the
-    message first), or cut the traceback and repeat the error below it.
+    message first), or cut the traceback and repeat the error below it. Returns the exceptions, notes, and
+    the lines where the tracebacks that found their error line start.
     """
     notes: list[str] = []
+    whole: list[int] = []
     untyped = [e for e in exceptions if not e.type and e.frames]
     for frames_only in untyped:
         start = frames_only.line_no or 0
@@ -778,7 +781,12 @@ def _join_split_errors(exceptions: list[ExceptionInfo]) -> tuple[list[ExceptionI
         exceptions = [e for e in exceptions if e is not frames_only]
         notes.append(f"the {error.type} at line {error.line_no} and the traceback at line {start} were printed apart;"
                      " read as one")
-    return exceptions, notes
+        whole.append(start)
+    return exceptions, notes, whole
+
+
+def _cut_off_note(start: int) -> str:
+    return f"a traceback at line {start} is cut off before its exception line"
 
 
 def _says_nan(text: str) -> bool:
