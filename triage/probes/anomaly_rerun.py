@@ -273,7 +273,7 @@ def _verdict(ctx: ProbeContext, seen: Observed, weights: str) -> ProbeResult:
         original = ctx.incident.exception
         # A version error replayed as another error is a replay of something else, not a confirmation.
         same = (original is not None and original.short_type == type(error).__name__
-                and not _VERSION_ERROR.search(original.message))
+                and "modified by an inplace operation" not in original.message)
         where_ = f" (forward line {forward})" if forward else ""
         raised = f"the replay raises {exception_line(error)} in the {seen.stage}{where_}"
         if category == "nan":  # a guard of the user's (a NaN check, clip_grad_norm_) stopped the replayed step
@@ -288,7 +288,8 @@ def _verdict(ctx: ProbeContext, seen: Observed, weights: str) -> ProbeResult:
         outcome[0] += " (the output's sum stood in for the loss)"
     clean = f"{seen.replayed} replay under anomaly detection without error: " \
             f"{', '.join(outcome + ['all gradients finite'])}{weights}"
-    if category in ("nan", "inplace", "autograd"):
+    # Without the user's loss code (the output's sum stood in for it) a clean replay refutes nothing that code may do.
+    if category in ("nan", "inplace", "autograd") and not seen.stand_in_loss:
         return result(NAME, "refuted", clean, **facts)
     return result(NAME, "inconclusive", clean, **facts)
 
