@@ -160,9 +160,16 @@ def _parameter_counts(module: nn.Module) -> tuple[int, int]:
 
 
 def _carried_graph(ctx: ProbeContext) -> ProbeResult:
-    for frame, line in reversed(source_step.user_frames(ctx.exception)):
+    frames = source_step.user_frames(ctx.exception)
+    for frame, line in reversed(frames):
         carried, backward_lines = source_step.loop_carried(frame, line)
         if not carried and not backward_lines:
+            if frame is frames[-1][0] and len(earlier := _backward_calls_up_to(frame, line)) >= 2:
+                # no loop around the failing backward, but the same function backpropagated before it
+                lines = ", ".join(str(n) for n in earlier)
+                return result(NAME, "confirmed", f"{frame.f_code.co_name} calls backward at lines {lines} of "
+                              f"{_short(frame.f_code.co_filename)}: the second backward walks the graph the first "
+                              "one freed", carried_graph=[], backward_lines=earlier, loop_in=None)
             continue
         holding = [(name, t) for name in carried for _path, t in iter_tensors(frame.f_locals.get(name))
                    if t.grad_fn is not None]
@@ -183,6 +190,19 @@ def _carried_graph(ctx: ProbeContext) -> ProbeResult:
                       f"{frame.f_code.co_name} holds a graph, and it calls backward once: a tensor with a graph "
                       "made before the loop may be reused in it", **facts)
     return result(NAME, "skipped", "the failing backward is in no loop of the user's code")
+
+
+def _backward_calls_up_to(frame: types.FrameType, line: int) -> list[int]:
+    """The lines of the `.backward(` calls in `frame`'s function, up to and including `line`."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(frame.f_code.co_filename)))
+    except (SyntaxError, ValueError):
+        return []
+    scope = source_step._scope_of(tree, frame.f_code)
+    if scope is None:
+        return []
+    return sorted({node.lineno for node in source_step._walk_scope(scope) if isinstance(node, ast.Call)
+                   and isinstance(node.func, ast.Attribute) and node.func.attr == "backward" and node.lineno <= line})
 
 
 def _short(path: str) -> str:
