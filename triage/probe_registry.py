@@ -22,6 +22,14 @@ PROBES: dict[str, str] = {
     "compile_compare": "triage.probes.compile_compare:compile_compare",
 }
 
+# Mechanical fixes a rule's cause may ask to be tried (`fixes: [{trial: ...}]`): each applies its fix to copies in
+# an experiment's sandbox and re-runs the failing step (triage/probes/fix_trials.py implements them).
+FIX_TRIALS = frozenset({
+    "resize-linear-in", "resize-head", "resize-embedding", "shift-labels", "ignore-index", "target-long",
+    "target-float", "input-float", "squeeze-output", "unsqueeze-target", "contiguous", "relu-not-inplace",
+    "detach-hidden", "detach-fake", "strip-module-prefix", "map-location-cpu", "weights-only-false", "safe-globals",
+})  # fmt: skip
+
 
 def known_probes() -> frozenset[str]:
     """Names a rule may list under `probes:`: built-in, installed through entry points, or registered."""
