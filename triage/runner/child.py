@@ -89,6 +89,12 @@ class Session:
             self._start_replay(replay)
         feed_tracker = True
         try:
+            from .. import loss_watch
+
+            loss_watch.start()  # first: the NaN check and the health checks feed its loss trend
+        except Exception as exc:
+            self.internal_error(exc, "starting the loss trend")
+        try:
             from .. import wrapper
 
             wrapper.incident_handler = self.report_incident  # NaN/Inf incidents get the runner's report folder
@@ -146,9 +152,11 @@ class Session:
 
             dead = self._dead_workers(patient=isinstance(exc, (ConnectionError, EOFError)))
             log_lines = list(self.warnings.lines) + self._worker_crash_lines() + [line for _, line in dead]
+            log_lines += self._nonfinite_history(TRACKER)
             live = capture_exception(exc, tb, tracker=TRACKER, thread_name=thread_name, exit_code=exit_code, log_lines=log_lines)
             if dead:
                 live.incident.facts["dead_workers"] = [info for info, _ in dead]
+            self._add_nonfinite_facts(live.incident.facts)
             timings = {"capture_s": time.monotonic() - started}
             self.reporter.handle(live.incident, live=live, exception=exc, tracker=TRACKER, timings=timings)
             self.handled = "exception"
@@ -157,6 +165,32 @@ class Session:
             pass  # Ctrl-C during the report: the user wants out, with the script's own exit status
         except Exception as error:
             self.internal_error(error, "triaging the exception")
+
+    def _nonfinite_history(self, tracker) -> list[str]:
+        """What the loss trend and the NaN check saw before this exception: a crash in an op that rejects NaN/Inf
+        (binary_cross_entropy, Categorical, math.exp) is often the consequence of a loss that diverged earlier."""
+        from .. import loss_watch
+
+        self._nonfinite_facts = {}
+        try:
+            model = tracker.model
+            if model is None and tracker.optimizer is not None:
+                from ..probes.runner import _model_from_optimizer
+
+                model = _model_from_optimizer(tracker.optimizer)
+            trend, lines = loss_watch.evidence(tracker.optimizer, model)
+        except Exception as error:
+            self.internal_error(error, "reading the loss trend")
+            return []
+        if trend:
+            self._nonfinite_facts["loss_trend"] = trend
+        if loss_watch.ORIGIN:
+            self._nonfinite_facts["nan_origin"] = loss_watch.ORIGIN
+            lines.append(f"triage: NaN/Inf origin {loss_watch.ORIGIN['found_at']}: {loss_watch.ORIGIN['line']}")
+        return lines
+
+    def _add_nonfinite_facts(self, facts: dict) -> None:
+        facts.update(getattr(self, "_nonfinite_facts", {}))
 
     def report_incident(self, incident, tracker) -> None:
         """An incident with no exception (NaN/Inf from the wrapper's checks): report it, and training goes on."""
