@@ -20,6 +20,7 @@ KEEP = 64  # latest losses and gradient norms kept
 BASELINE = 4  # the first losses, kept apart: the trend is measured against them
 DIVERGED_GROWTH = 100.0  # a loss this many times its starting value has diverged (two orders of magnitude)
 GRADIENT_LED_GROWTH = 10.0  # the gradient norm grew this much while the loss had not yet grown as much
+ARMED_GROWTH = 3.0  # from a loss this many times its starting value on, every backward()'s gradient norm is read
 
 
 class LossTrend:
@@ -55,6 +56,29 @@ class LossTrend:
             self.first_nonfinite = point
             if self.on_nonfinite is not None:
                 self.on_nonfinite(self.calls, value)
+
+    def wants_gradients(self) -> bool:
+        """Whether the gradients of this backward() call are to be measured: during the first calls (the baseline a
+        divergence is measured against) and once the loss has grown ARMED_GROWTH-fold or turned non-finite."""
+        if self.calls <= BASELINE:
+            return True
+        if not self.baseline:
+            return False
+        start, last = abs(self.baseline[0][1]), abs(self.losses[-1][1])
+        return not last < ARMED_GROWTH * start  # also true for a NaN loss
+
+    def read_gradients(self, leaves: Any) -> None:
+        """After backward: the total norm of the gradients of `leaves` (weak references to parameters)."""
+        torch = sys.modules["torch"]
+        grads = []
+        for ref in leaves:
+            param = ref()
+            grad = getattr(param, "grad", None)
+            if grad is not None and grad.is_floating_point() and grad.device.type == "cpu":
+                grads.append(grad)
+        if grads:
+            with torch.no_grad():
+                self.note_grad_norm(float(torch.stack([n.float() for n in torch._foreach_norm(grads)]).norm()))
 
     def note_grad_norm(self, norm: float) -> None:
         """A total gradient norm computed by a check that runs anyway (the NaN check, the health sampler)."""

@@ -358,8 +358,8 @@ def nonfinite_origin(ctx: ProbeContext) -> ProbeResult:
     earlier = ctx.incident.facts.get("nan_origin")
     if isinstance(earlier, dict) and earlier.get("op"):
         found = Origin(**{key: earlier[key] for key in ("op", "site", "code", "kind", "cause", "inputs", "why")})
-        return result("nonfinite_origin", "confirmed",
-                      f"found by the NaN check when it first fired: {found.line()}", **found.facts())
+        how = f"{earlier.get('replayed', 'replayed the step')} {earlier.get('found_at', '')}".strip()
+        return result("nonfinite_origin", "confirmed", f"{how}: {found.line()}", **found.facts())
     frames = ctx.frames
     if not frames:
         from .source_step import user_frames
