@@ -141,7 +141,7 @@ class HealthMonitor:
                     if os.environ.get("TRIAGE_DEBUG"):
                         raise
             result = original(tensors, *args, **kwargs)
-            if trend is not None and trend.wants_gradients():
+            if trend is not None and trend.wants_gradients:
                 trend.read_gradients(monitor.leaves.values())
             if post:
                 try:

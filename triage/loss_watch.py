@@ -20,7 +20,8 @@ KEEP = 64  # latest losses and gradient norms kept
 BASELINE = 4  # the first losses, kept apart: the trend is measured against them
 DIVERGED_GROWTH = 100.0  # a loss this many times its starting value has diverged (two orders of magnitude)
 GRADIENT_LED_GROWTH = 10.0  # the gradient norm grew this much while the loss had not yet grown as much
-ARMED_GROWTH = 3.0  # from a loss this many times its starting value on, every backward()'s gradient norm is read
+ARMED_GROWTH = 3.0  # from a loss this many times its starting value on, every backward()'s gradient norm is read...
+MAX_ARMED_READS = 64  # ...this many times at most in a run (a loss that simply starts small must not cost every step)
 
 
 class LossTrend:
@@ -35,37 +36,40 @@ class LossTrend:
         self.first_nonfinite: tuple[int, float] | None = None
         self.clip_calls = 0
         self.clip_max_norm: float | None = None
+        self.armed_reads = 0
+        self.armed_above = math.inf  # |loss| from which gradients are read again: ARMED_GROWTH times the first loss
+        self.wants_gradients = False  # whether the hook reads this backward()'s gradient norm
         self.on_nonfinite: Callable[[int, float], None] | None = None
         self._readers: dict[Any, tuple[Any, int]] = {}
 
     # ------------------------------------------------------------------ per step (kept to a few attribute reads)
 
     def read_loss(self, tensors: Any) -> None:
-        """Called by the backward() hook before backward runs: a CPU scalar loss is read by its address."""
+        """Called by the backward() hook before backward runs: a CPU scalar loss is read by its address. Sets
+        `wants_gradients` for the hook to read after backward: during the first calls (the baseline a divergence is
+        measured against) and, MAX_ARMED_READS times at most, once the loss has grown ARMED_GROWTH-fold."""
         loss = tensors[0] if type(tensors) in (tuple, list) else tensors
         reader = self._readers.get(getattr(loss, "dtype", None))
         if reader is None or not loss.is_cpu or loss.numel() != 1:
+            self.wants_gradients = False
             return  # a GPU loss would need a synchronisation: the NaN check's asynchronous flags cover it
-        self.calls += 1
+        calls = self.calls = self.calls + 1
         value = reader[0][loss.data_ptr() >> reader[1]]
-        point = (self.calls, value)
-        if len(self.baseline) < BASELINE:
-            self.baseline.append(point)
-        self.losses.append(point)
+        self.losses.append((calls, value))
+        if calls <= BASELINE:
+            self.baseline.append((calls, value))
+            self.wants_gradients = True
+        elif not abs(value) < self.armed_above:  # NaN too
+            self.wants_gradients = self.armed_reads < MAX_ARMED_READS
+            self.armed_reads += 1
+        else:
+            self.wants_gradients = False
+        if calls == 1:
+            self.armed_above = ARMED_GROWTH * abs(value) if value - value == 0 else math.inf
         if value - value != 0 and self.first_nonfinite is None:  # inf - inf and nan - nan are nan
-            self.first_nonfinite = point
+            self.first_nonfinite = (calls, value)
             if self.on_nonfinite is not None:
-                self.on_nonfinite(self.calls, value)
-
-    def wants_gradients(self) -> bool:
-        """Whether the gradients of this backward() call are to be measured: during the first calls (the baseline a
-        divergence is measured against) and once the loss has grown ARMED_GROWTH-fold or turned non-finite."""
-        if self.calls <= BASELINE:
-            return True
-        if not self.baseline:
-            return False
-        start, last = abs(self.baseline[0][1]), abs(self.losses[-1][1])
-        return not last < ARMED_GROWTH * start  # also true for a NaN loss
+                self.on_nonfinite(calls, value)
 
     def read_gradients(self, leaves: Any) -> None:
         """After backward: the total norm of the gradients of `leaves` (weak references to parameters)."""
