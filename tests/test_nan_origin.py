@@ -141,3 +141,23 @@ def test_find_origin_replays_the_users_statements_in_a_child_and_names_the_line(
     assert origin.cause == "std-of-one-element"
     assert origin.code == "returns = (returns - returns.mean()) / (returns.std() + 1e-8)"
     assert "test_nan_origin.py" in origin.site and replayed.startswith("replayed ")
+
+
+def test_divergence_rerun_confirms_when_a_smaller_update_settles_and_refutes_when_none_does():
+    from triage.probes.divergence_rerun import _verdict
+
+    runs = {"as run": {"losses": [5.3, 69.0, 1487.0], "error": "", "scale": 1.0},
+            "clipped at norm 0.25": {"losses": [5.3, 6.4, 5.9], "error": "", "scale": 1.0}}
+    found = _verdict(runs, "train.py:114-122", 3)
+    assert found.status == "confirmed" and found.facts["stopped_by"] == "clipping"
+    runs = {"as run": {"losses": [7e4, float("inf")], "error": "RuntimeError", "scale": 1.0},
+            "lr / 10": {"losses": [7e4, 2e6, 9e4], "error": "", "scale": 0.1},
+            "lr / 100": {"losses": [7e4, 7e4, 6e4], "error": "", "scale": 0.01}}
+    found = _verdict(runs, "vae.py:77-82", 3)
+    assert found.status == "confirmed" and found.facts["stopped_by"] == "lr / 100"
+    assert "lr / 10 " not in found.detail  # only the run as it was and the rate that settled are shown
+    runs = {"as run": {"losses": [1.0, 1e3], "error": "", "scale": 1.0},
+            "lr / 10": {"losses": [1.0, 1e2], "error": "", "scale": 0.1}}
+    assert _verdict(runs, "x.py:1", 2).status == "refuted"
+    runs = {"as run": {"losses": [1.0, 0.9], "error": "", "scale": 1.0}}
+    assert _verdict(runs, "x.py:1", 2).status == "inconclusive"

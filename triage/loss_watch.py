@@ -22,6 +22,7 @@ DIVERGED_GROWTH = 100.0  # a loss this many times its starting value has diverge
 GRADIENT_LED_GROWTH = 10.0  # the gradient norm grew this much while the loss had not yet grown as much
 ARMED_GROWTH = 3.0  # from a loss this many times its starting value on, every backward()'s gradient norm is read...
 MAX_ARMED_READS = 64  # ...this many times at most in a run (a loss that simply starts small must not cost every step)
+MAX_INITIAL_BYTES = 64 * 2**20  # the first step's weights are kept for models up to this size
 
 
 class LossTrend:
@@ -37,6 +38,7 @@ class LossTrend:
         self.clip_calls = 0
         self.clip_max_norm: float | None = None
         self.armed_reads = 0
+        self.initial: list[tuple[Any, Any]] = []  # (weak reference to a parameter, its value at the first step)
         self.armed_above = math.inf  # |loss| from which gradients are read again: ARMED_GROWTH times the first loss
         self.wants_gradients = False  # whether the hook reads this backward()'s gradient norm
         self.on_nonfinite: Callable[[int, float], None] | None = None
@@ -83,6 +85,17 @@ class LossTrend:
         if grads:
             with torch.no_grad():
                 self.note_grad_norm(float(torch.stack([n.float() for n in torch._foreach_norm(grads)]).norm()))
+        if self.calls == 1 and not self.initial:
+            self._keep_initial(leaves)
+
+    def _keep_initial(self, leaves: Any) -> None:
+        """A copy of the weights after the first backward, before any update: the divergence_rerun experiment
+        replays the step from them. Only for models up to MAX_INITIAL_BYTES (the copy is the one memory cost here)."""
+        import weakref
+
+        params = [param for param in (ref() for ref in leaves) if param is not None and param.device.type == "cpu"]
+        if sum(p.numel() * p.element_size() for p in params) <= MAX_INITIAL_BYTES:
+            self.initial = [(weakref.ref(p), p.detach().clone()) for p in params]
 
     def note_grad_norm(self, norm: float) -> None:
         """A total gradient norm computed by a check that runs anyway (the NaN check, the health sampler)."""
