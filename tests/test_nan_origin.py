@@ -161,3 +161,50 @@ def test_divergence_rerun_confirms_when_a_smaller_update_settles_and_refutes_whe
     assert _verdict(runs, "x.py:1", 2).status == "refuted"
     runs = {"as run": {"losses": [1.0, 0.9], "error": "", "scale": 1.0}}
     assert _verdict(runs, "x.py:1", 2).status == "inconclusive"
+
+
+EPISODES = '''
+import torch
+from torch.distributions import Categorical
+
+torch.manual_seed(0)
+policy = torch.nn.Linear(3, 2)
+optimizer = torch.optim.SGD(policy.parameters(), lr=0.1)
+for length in (3, 2, 1, 3):
+    probs = torch.softmax(policy(torch.randn(length, 3)), -1)
+    dist = Categorical(probs)
+    actions = dist.sample()
+    returns = torch.arange(length, dtype=torch.float32)
+    returns = (returns - returns.mean()) / (returns.std() + 1e-8)
+    loss = -(dist.log_prob(actions) * returns).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+'''
+
+
+def test_the_runner_explains_a_crash_by_the_nan_born_steps_before(tmp_path):
+    """An episode of one step: returns.std() is NaN, the weights turn NaN, and Categorical raises an episode later.
+    The NaN check fires at the NaN loss (before backward) and names the std; the crash's report leads with it."""
+    import json
+    import os
+    import subprocess
+
+    from pathlib import Path
+
+    script = tmp_path / "episodes.py"
+    script.write_text(EPISODES)
+    repo = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS")}
+    env.update(PYTHONPATH=str(repo), TRIAGE_DEBUG="1")
+    done = subprocess.run([sys.executable, "-m", "triage", "--report-dir", str(tmp_path / "r"), str(script)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 1, done.stderr[-3000:]
+    nan_report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert nan_report["incident"]["kind"] == "nan"
+    crash = json.loads((tmp_path / "r-2" / "report.json").read_text())
+    leading = crash["diagnoses"][0]
+    assert crash["incident"]["exception"]["type"] == "ValueError"
+    assert (leading["rule"], leading["cause"]) == ("nan.nonfinite-origin", "nan.nonfinite-origin/std-of-one-element")
+    assert "episodes.py:13" in leading["title"] and "ValueError is its consequence" in leading["title"]
+    assert leading["fix_id"] == "skip-std-of-one-element"
