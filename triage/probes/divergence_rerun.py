@@ -11,7 +11,6 @@ again and the smaller update does not.
 
 from __future__ import annotations
 
-import ast
 import math
 from typing import Any
 
@@ -21,6 +20,7 @@ from ..diagnosis import ProbeResult
 from ._support import Unavailable, result
 from . import source_step
 from .context import ProbeContext
+from .nonfinite import compile_step, parse_scope, runnable
 
 NAME = "divergence_rerun"
 MAX_STEPS = 12
@@ -64,30 +64,18 @@ def loop_body(frames: list[tuple[Any, int]]) -> source_step.SourceStep:
     a model, an optimizer or a user function: one training step, update included, to run several times (the
     logging after it reads accumulators that the replays would only corrupt)."""
     for frame, line in reversed(frames):
-        filename = frame.f_code.co_filename
         try:
-            tree = ast.parse("".join(source_step.linecache.getlines(filename)), filename)
-        except SyntaxError:
+            scope = parse_scope(frame)
+        except Unavailable:
             continue
-        scope = source_step._scope_of(tree, frame.f_code)
-        loop = source_step._innermost_loop(scope, line) if scope is not None else None
+        loop = source_step._innermost_loop(scope, line)
         if loop is None:
             continue
         values = source_step._frame_values(frame)
         touching = [i for i, stmt in enumerate(loop.body) if source_step._touches_step(stmt, values)]
-        if not touching:
-            continue
-        statements = loop.body[touching[0]:touching[-1] + 1]  # the step, without the logging that follows it
-        if any(isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom, ast.Await, ast.Global, ast.Nonlocal))
-               for stmt in statements for node in source_step._walk_scope(stmt)):
-            continue
-        once = ast.For(target=ast.Name("_triage_once", ast.Store()), iter=ast.Tuple([ast.Constant(0)], ast.Load()),
-                       body=statements, orelse=[])
-        ast.copy_location(once, statements[0])
-        code = compile(ast.fix_missing_locations(ast.Module(body=[once], type_ignores=[])), filename, "exec")
-        reads, _ = source_step._reads(statements)
-        return source_step.SourceStep(filename, (statements[0].lineno, statements[-1].end_lineno),
-                                      code.replace(co_name=frame.f_code.co_name), frame, reads)
+        statements = loop.body[touching[0]:touching[-1] + 1] if touching else []
+        if statements and runnable(statements):
+            return compile_step(frame, statements)
     raise Unavailable("no loop of the user's code around the failure to replay the training step from")
 
 

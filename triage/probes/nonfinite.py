@@ -13,6 +13,8 @@ caused later (Categorical, binary_cross_entropy, multinomial).
 
 from __future__ import annotations
 
+import ast
+import linecache
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -266,20 +268,12 @@ def origin_step(frames: list[tuple[Any, int]], include_failing: bool) -> tuple[A
     if not frames:
         raise Unavailable("no live frame of the user's code")
     frame, line = frames[-1]
-    filename = frame.f_code.co_filename
-    text = "".join(source_step.linecache.getlines(filename))
-    try:
-        tree = source_step.ast.parse(text, filename)
-    except SyntaxError:
-        raise Unavailable(f"{filename} does not parse as it is now") from None
-    scope = source_step._scope_of(tree, frame.f_code)
-    if scope is None:
-        raise Unavailable(f"{frame.f_code.co_name} is not found in {filename} as it is now")
+    scope = parse_scope(frame)
     loop = source_step._innermost_loop(scope, line)
     body = loop.body if loop is not None else getattr(scope, "body", [])
     index = next((i for i, stmt in enumerate(body) if stmt.lineno <= line <= stmt.end_lineno), None)
     if index is None:
-        raise Unavailable(f"line {line} of {filename} is in no statement of {frame.f_code.co_name}")
+        raise Unavailable(f"line {line} of {frame.f_code.co_filename} is in no statement of {frame.f_code.co_name}")
     end = index + 1 if include_failing else index
     values = source_step._frame_values(frame)
     first = 0
@@ -288,22 +282,51 @@ def origin_step(frames: list[tuple[Any, int]], include_failing: bool) -> tuple[A
     arguments = _arguments(frame.f_code) if loop is None else None
     for start in range(first, end):
         statements = body[start:end]
-        reads, stale = source_step._reads(statements)
+        _, stale = source_step._reads(statements)
         if arguments is not None:  # a function's own statements from its start: only its arguments come from before
             stale = set(arguments) & _stores(statements)
-        if stale or any(isinstance(node, (source_step.ast.Return, source_step.ast.Yield, source_step.ast.YieldFrom,
-                                          source_step.ast.Await, source_step.ast.Global, source_step.ast.Nonlocal))
-                        for stmt in statements for node in source_step._walk_scope(stmt)):
-            continue
-        once = source_step.ast.For(target=source_step.ast.Name("_triage_once", source_step.ast.Store()),
-                                   iter=source_step.ast.Tuple([source_step.ast.Constant(0)], source_step.ast.Load()),
-                                   body=statements, orelse=[])
-        source_step.ast.copy_location(once, statements[0])
-        module = source_step.ast.fix_missing_locations(source_step.ast.Module(body=[once], type_ignores=[]))
-        code = compile(module, filename, "exec").replace(co_name=frame.f_code.co_name)
-        step = source_step.SourceStep(filename, (statements[0].lineno, statements[-1].end_lineno), code, frame, reads)
-        return step, arguments
-    raise Unavailable(f"no statements before {filename}:{line} can run again with the values the frame holds now")
+        if not stale and runnable(statements):
+            return compile_step(frame, statements), arguments
+    raise Unavailable(f"no statements before {frame.f_code.co_filename}:{line} can run again with the values the "
+                      "frame holds now")
+
+
+def parse_scope(frame: Any) -> ast.AST:
+    """The function (or module) node of a live frame's code, parsed from its file as it is now."""
+    from . import source_step
+
+    filename = frame.f_code.co_filename
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)), filename)
+    except SyntaxError:
+        raise Unavailable(f"{filename} does not parse as it is now") from None
+    scope = source_step._scope_of(tree, frame.f_code)
+    if scope is None:
+        raise Unavailable(f"{frame.f_code.co_name} is not found in {filename} as it is now")
+    return scope
+
+
+def runnable(statements: list[ast.stmt]) -> bool:
+    """Whether statements of a function can run outside it (no return, yield, await, global or nonlocal)."""
+    from . import source_step
+
+    return not any(isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom, ast.Await, ast.Global, ast.Nonlocal))
+                   for stmt in statements for node in source_step._walk_scope(stmt))
+
+
+def compile_step(frame: Any, statements: list[ast.stmt]) -> Any:
+    """A SourceStep of the user's statements, compiled with their file name and lines (tracebacks, anomaly mode
+    and the observers name the user's lines), inside a one-pass loop so that their break/continue compile."""
+    from . import source_step
+
+    filename = frame.f_code.co_filename
+    once = ast.For(target=ast.Name("_triage_once", ast.Store()), iter=ast.Tuple([ast.Constant(0)], ast.Load()),
+                   body=statements, orelse=[])
+    ast.copy_location(once, statements[0])
+    module = ast.fix_missing_locations(ast.Module(body=[once], type_ignores=[]))
+    code = compile(module, filename, "exec").replace(co_name=frame.f_code.co_name)
+    reads, _ = source_step._reads(statements)
+    return source_step.SourceStep(filename, (statements[0].lineno, statements[-1].end_lineno), code, frame, reads)
 
 
 def _arguments(code: Any) -> tuple[str, ...]:
