@@ -606,7 +606,7 @@ def test_dataloader_hang_is_diagnosed_and_killed(tmp_path: Path) -> None:
     assert 'line 13 in __getitem__' in (tmp_path / "out" / "stacks.txt").read_text()
 
 
-def test_nan_gradients_become_an_incident_and_training_goes_on(tmp_path: Path) -> None:
+def test_an_inf_loss_becomes_an_incident_with_its_origin_and_training_goes_on(tmp_path: Path) -> None:
     torch_needed("torch")
     script = write(tmp_path, "saturate.py", """\
         import torch
@@ -627,7 +627,10 @@ def test_nan_gradients_become_an_incident_and_training_goes_on(tmp_path: Path) -
     assert result.stdout == expected.stdout == "finished at step 5\n"
     incident = report(tmp_path / "out")["incident"]
     assert incident["kind"] == "nan" and incident["facts"]["nan"]["step"] == 3
-    assert incident["facts"]["nan"]["nonfinite_gradients"] == ["weight", "bias"]
+    # The loss check sees the inf loss before backward spreads it into the gradients, and names its origin.
+    assert incident["facts"]["nan"]["what"] == "loss"
+    origin = incident["facts"]["nan_origin"]
+    assert (origin["op"], origin["site"], origin["cause"]) == ("log", "saturate.py:8", "log-of-zero")
 
 
 def test_a_triaged_run_leaves_git_status_clean(tmp_path: Path) -> None:

@@ -120,11 +120,16 @@ class HealthMonitor:
         original = torch.autograd.backward
         monitor = self
         tracker = self.tracker
+        from . import loss_watch
+
+        trend = loss_watch.TREND  # the loss of every backward() call, for the NaN/Inf diagnosis (loss_watch.py)
 
         def backward(tensors, *args, **kwargs):
             if tracker is not None and tracker.suspended:
                 return original(tensors, *args, **kwargs)  # a probe's replay, not the user's step
             count = monitor.backwards = monitor.backwards + 1
+            if trend is not None:
+                trend.read_loss(tensors)
             post = False
             # Everything is read before backward, where the caches are still warm from the forward; on most
             # steps none of it is due and these two lines are the whole cost.
@@ -136,6 +141,8 @@ class HealthMonitor:
                     if os.environ.get("TRIAGE_DEBUG"):
                         raise
             result = original(tensors, *args, **kwargs)
+            if trend is not None and trend.wants_gradients:
+                trend.read_gradients(monitor.leaves.values())
             if post:
                 try:
                     monitor.after_backward(count)
@@ -307,6 +314,7 @@ class HealthMonitor:
                     self.zero_grad_samples[key] = self.zero_grad_samples.get(key, 0) + 1
         self.grad_samples += 1
         self.grad_norms.append([count, total])
+        _note_grad_norm(total)
         if len(self.grad_norms) >= MAX_GRAD_POINTS:
             self.grad_norms[:] = self.grad_norms[1::2]
             self.grad_stride *= 2
@@ -605,6 +613,14 @@ def _linear_fit(points: list[list[float]]) -> tuple[float, float]:
     if sxx == 0 or syy == 0:
         return 0.0, 0.0
     return sxy / sxx, (sxy * sxy) / (sxx * syy)
+
+
+def _note_grad_norm(total: float) -> None:
+    """Hand a sampled gradient norm to the NaN/Inf diagnosis's trend (loss_watch.py), when it keeps one."""
+    from . import loss_watch
+
+    if loss_watch.TREND is not None:
+        loss_watch.TREND.note_grad_norm(total)
 
 
 def _open_statm() -> int | None:

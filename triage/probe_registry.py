@@ -14,6 +14,8 @@ PROBES: dict[str, str] = {
     "device_census": "triage.probes.census:device_census",
     "dtype_census": "triage.probes.census:dtype_census",
     "anomaly_rerun": "triage.probes.anomaly_rerun:anomaly_rerun",
+    "nonfinite_origin": "triage.probes.nonfinite:nonfinite_origin",
+    "divergence_rerun": "triage.probes.divergence_rerun:divergence_rerun",
     "workers0_rerun": "triage.probes.workers0_rerun:workers0_rerun",
     "memory_breakdown": "triage.probes.memory_breakdown:memory_breakdown",
     # training-health experiments (the `learning` rules)

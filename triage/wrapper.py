@@ -387,7 +387,9 @@ class NonFiniteMonitor:
         for device, group in by_device.items():
             total = torch.stack(torch._foreach_norm(group)).sum()
             if device.type == "cpu":
-                if not math.isfinite(total.item()):
+                norm = total.item()
+                _note_grad_norm(norm)
+                if not math.isfinite(norm):
                     bad = self._bad_gradients(params)  # exact: a norm of large finite values can overflow
                     if bad:
                         self.fire("gradients", self._gradient_summary(bad, params), gradients=bad)
@@ -501,7 +503,43 @@ class NonFiniteMonitor:
                          "nonfinite_gradients": gradients,
                          "nonfinite_parameters": trace.parameters, "first_nonfinite_module": trace.module,
                          "first_nonfinite_op": trace.op, "replayed_loss": trace.loss}}
+        if snapshot is None and not trace.parameters:
+            _add_origin(ctx, at, lines, facts)
+        _add_trend(t, model, lines, facts)
         return Incident(kind="nan", source="run", log_lines=lines, facts=facts)
+
+
+def _note_grad_norm(norm: float) -> None:
+    """Hand a gradient norm the NaN check computed anyway to the run's loss trend (loss_watch.py)."""
+    from . import loss_watch
+
+    if loss_watch.TREND is not None:
+        loss_watch.TREND.note_grad_norm(norm)
+
+
+def _add_origin(ctx: Any, at: str, lines: list[str], facts: dict[str, Any]) -> None:
+    """Replay the user's statements that led here (the hook's caller, live on the stack) to find where NaN/Inf was
+    born; kept in loss_watch for a crash that follows (its frames will be others)."""
+    from . import loss_watch
+    from .probes.nonfinite import find_origin
+    from .probes.source_step import user_frames
+
+    origin, replayed = find_origin(user_frames(None), include_failing=False, ctx=ctx)
+    if origin is None:
+        return
+    facts["nan_origin"] = loss_watch.ORIGIN = {**origin.facts(), "found_at": at, "replayed": replayed,
+                                               "line": origin.line()}
+    lines.append(f"triage: NaN/Inf origin {at}: {origin.line()}")
+
+
+def _add_trend(tracker: Tracker, model: Any, lines: list[str], facts: dict[str, Any]) -> None:
+    """The loss trend and gradient clipping up to now (loss_watch.py), as facts and lines the rules match."""
+    from . import loss_watch
+
+    trend, trend_lines = loss_watch.evidence(tracker.optimizer, model)
+    if trend:
+        facts["loss_trend"] = trend
+        lines.extend(trend_lines)
 
 
 # ---------------------------------------------------------------------------- watch / track
@@ -640,6 +678,15 @@ def track(loader: Iterable, tracker: Tracker | None = None) -> Iterator[Any]:
 # ---------------------------------------------------------------------------- automatic tracking (the runner)
 
 
+def _fire_on_nonfinite_loss(monitor: NonFiniteMonitor) -> None:
+    """A non-finite loss seen by the run's loss trend (every backward(), optimizer or not) is the NaN check's
+    incident at once, before backward spreads it into the gradients and the next step into the weights."""
+    from . import loss_watch
+
+    if loss_watch.TREND is not None and loss_watch.TREND.on_nonfinite is None:
+        loss_watch.TREND.on_nonfinite = lambda call, value: monitor.fire("loss", f"loss = {value} at backward() call {call}")
+
+
 def auto_track(tracker: Tracker | None = None, on_nan: str = "report") -> Callable[[], None]:
     """Feed the Tracker from every DataLoader and optimizer in the process, with no change to the script.
 
@@ -653,6 +700,7 @@ def auto_track(tracker: Tracker | None = None, on_nan: str = "report") -> Callab
 
     t = tracker or TRACKER
     monitor = NonFiniteMonitor(t, on_nan)
+    _fire_on_nonfinite_loss(monitor)
     original_next = _BaseDataLoaderIter.__next__
     original_iter = DataLoader.__iter__
 

@@ -12,6 +12,7 @@ import atexit
 import faulthandler
 import marshal
 import os
+import re
 import signal
 import sys
 import threading
@@ -27,6 +28,11 @@ from .hooks import Heartbeat, TorchHooks, TorchImportWatcher, WarningRecorder
 
 EXIT_INTERNAL_DEBUG = 70
 
+
+# Messages of errors that a NaN/Inf (or an overflow) causes downstream: an invalid distribution parameter, a
+# probability outside [0, 1], multinomial's check, math.exp's overflow.
+NONFINITE_CONSEQUENCE = re.compile(r"(?i)\bnan\b|\binf\b|infinite|non-?finite|invalid values|between 0 and 1"
+                                   r"|probabilit|range error|overflow")
 
 class Session:
     """Triage's state inside the child: heartbeat, crash files, hooks and the reporter."""
@@ -89,6 +95,12 @@ class Session:
             self._start_replay(replay)
         feed_tracker = True
         try:
+            from .. import loss_watch
+
+            loss_watch.start()  # first: the NaN check and the health checks feed its loss trend
+        except Exception as exc:
+            self.internal_error(exc, "starting the loss trend")
+        try:
             from .. import wrapper
 
             wrapper.incident_handler = self.report_incident  # NaN/Inf incidents get the runner's report folder
@@ -146,9 +158,11 @@ class Session:
 
             dead = self._dead_workers(patient=isinstance(exc, (ConnectionError, EOFError)))
             log_lines = list(self.warnings.lines) + self._worker_crash_lines() + [line for _, line in dead]
+            log_lines += self._nonfinite_history(TRACKER, exc)
             live = capture_exception(exc, tb, tracker=TRACKER, thread_name=thread_name, exit_code=exit_code, log_lines=log_lines)
             if dead:
                 live.incident.facts["dead_workers"] = [info for info, _ in dead]
+            self._add_nonfinite_facts(live.incident.facts)
             timings = {"capture_s": time.monotonic() - started}
             self.reporter.handle(live.incident, live=live, exception=exc, tracker=TRACKER, timings=timings)
             self.handled = "exception"
@@ -157,6 +171,54 @@ class Session:
             pass  # Ctrl-C during the report: the user wants out, with the script's own exit status
         except Exception as error:
             self.internal_error(error, "triaging the exception")
+
+    def _nonfinite_history(self, tracker, exc: BaseException) -> list[str]:
+        """What the loss trend and the NaN check saw before this exception, when its message is about NaN/Inf or an
+        invalid value: a crash in an op that rejects them (binary_cross_entropy, Categorical, multinomial, math.exp)
+        is often the consequence of a loss that diverged earlier, or of a NaN born steps before."""
+        from .. import loss_watch
+
+        self._nonfinite_facts = {}
+        if not NONFINITE_CONSEQUENCE.search(str(exc)):
+            return []
+        try:
+            model = tracker.model
+            if model is None and tracker.optimizer is not None:
+                from ..probes.runner import _model_from_optimizer
+
+                model = _model_from_optimizer(tracker.optimizer)
+            trend, lines = loss_watch.evidence(tracker.optimizer, model)
+        except Exception as error:
+            self.internal_error(error, "reading the loss trend")
+            return []
+        if trend:
+            self._nonfinite_facts["loss_trend"] = trend
+        origin = loss_watch.ORIGIN or self._origin_of(exc)
+        if origin:
+            self._nonfinite_facts["nan_origin"] = origin
+            lines.append(f"triage: NaN/Inf origin {origin['found_at']}: {origin['line']}")
+        return lines
+
+    def _origin_of(self, exc: BaseException) -> dict | None:
+        """No NaN check fired before this crash: replay the failing step's statements in an experiment's child to
+        find the torch call that made the value the crash rejects (probes/nonfinite.py)."""
+        try:
+            from ..context import ProbeContext
+            from ..incident import Incident
+            from ..probes.nonfinite import find_origin
+            from ..probes.source_step import user_frames
+
+            ctx = ProbeContext(incident=Incident(kind="exception", source="run"), exception=exc, time_limit_s=20.0)
+            origin, replayed = find_origin(user_frames(exc), include_failing=True, ctx=ctx)
+        except Exception as error:
+            self.internal_error(error, "replaying the failing step for the NaN/Inf origin")
+            return None
+        if origin is None:
+            return None
+        return {**origin.facts(), "found_at": "in the failing step", "replayed": replayed, "line": origin.line()}
+
+    def _add_nonfinite_facts(self, facts: dict) -> None:
+        facts.update(getattr(self, "_nonfinite_facts", {}))
 
     def report_incident(self, incident, tracker) -> None:
         """An incident with no exception (NaN/Inf from the wrapper's checks): report it, and training goes on."""
