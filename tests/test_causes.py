@@ -230,3 +230,20 @@ def test_a_cause_whose_text_cannot_be_rendered_gives_way_to_the_rule_s_own(tmp_p
     assert diagnosis.hypothesis == "The loss got label 255, beyond the model's classes."
     assert "{{" not in diagnosis.hypothesis + diagnosis.fix and diagnosis.decide
     assert any("causes[0].hypothesis" in w for w in warnings)
+
+
+def test_lint_of_one_built_in_file_reports_its_yaml_errors(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from triage.kb import loader
+    from triage.rules_cli import main as rules_main
+
+    builtin = tmp_path / "knowledge_base"
+    shutil.copytree(loader.builtin_rules_dir(), builtin)
+    broken = builtin / "nan.yaml"
+    broken.write_text(broken.read_text().replace("  match:\n", "  match:\n    kind: nan\n    kind: nan\n", 1))
+    monkeypatch.setattr(loader, "builtin_rules_dir", lambda: builtin)
+    monkeypatch.setenv("TRIAGE_NO_CACHE", "1")
+    assert rules_main(["lint", str(broken)]) == 1
+    assert "duplicate key 'kind'" in capsys.readouterr().out
+    assert rules_main(["lint", str(builtin / "shape.yaml")]) == 0

@@ -58,7 +58,11 @@ def _select(args: argparse.Namespace) -> _Selection:
     includes_builtin = any(path.resolve() == builtin for path in paths)
     kb = load_layers(given if includes_builtin else [Layer("built-in", builtin), *given])
     builtin_prefix = display_path(builtin)
-    problems = [p for p in kb.problems if includes_builtin or not _inside(p.path, builtin_prefix)]
+    given_prefixes = [display_path(path.resolve()) for path in paths]
+    # A built-in file's problems are the built-in layer's, left out unless that file (or folder) was given.
+    problems = [p for p in kb.problems if includes_builtin or not _inside(p.path, builtin_prefix)
+                or any(p.path == prefix or _inside(p.path, prefix) for prefix in given_prefixes)]
+    problems = list(dict.fromkeys(problems))  # a given built-in file is loaded by both layers
     return _Selection(kb, [rule for rule in kb.rules if rule.origin == "given"], problems)
 
 
