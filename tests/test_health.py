@@ -189,6 +189,24 @@ def test_dead_relus_give_exactly_zero_gradients(monitored):
     assert "model.0.weight" in line and "100% zeros" in line
 
 
+def test_most_backward_calls_skip_the_checks_and_every_due_one_runs_them(monitored, monkeypatch):
+    # The hook's per-step cost is one comparison with the next due count; the work itself keeps its schedule:
+    # the first graphs and then powers of two walked, the loss read at every `every`-th call.
+    monitor, tracker = monitored
+    visited: list[int] = []
+    before = monitor.before_backward
+    monkeypatch.setattr(monitor, "before_backward", lambda tensors, count: visited.append(count) or before(tensors, count))
+    model = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = _counted(torch.optim.SGD(model.parameters(), lr=0.1), tracker)
+    _train(model, optimizer, *_classification(), steps=200)
+    graphs = [count for count in range(1, 201) if count <= health.GRAPH_SAMPLES_DENSE or not count & (count - 1)]
+    reads = [count for count in range(1, 201) if not count % health.LOSS_EVERY_START]
+    assert set(graphs + reads) <= set(visited)
+    assert len(visited) < 200 // 2, visited  # the zero_grad checks add one call per 16; nothing else runs
+    assert monitor.graph_samples == len(graphs)
+    assert [count for count, _ in monitor.losses] == list(range(4, 201, 4))
+
+
 def test_a_flipped_custom_backward_is_caught_and_a_correct_one_is_not():
     assert health.backward_mismatch(FlippedSwish, 1) is not None
     assert health.backward_mismatch(Swish, 1) is None

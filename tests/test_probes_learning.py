@@ -123,6 +123,38 @@ def test_compile_compare_agrees_then_finds_a_hook_compiled_code_skips():
     assert result.facts["modules"][0] == "0" and "module 0 (Linear)" in result.detail
 
 
+def test_compile_compare_in_its_forked_child_replays_the_cached_code_not_a_recompile():
+    # The experiment's child runs torch on one thread, which fails dynamo's guard on the thread count: a recompile
+    # there would trace the late hook in and agree with eager (and inductor may not write its cache there at all).
+    from triage.probes.runner import run_probe
+    from triage.probes.sandbox import fork_available
+
+    if not fork_available():
+        pytest.skip("experiments need fork")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        compiled = torch.compile(model)
+        batch = _batch()
+        try:
+            nn.CrossEntropyLoss()(compiled(batch[0]), batch[1]).backward()
+        except Exception:
+            pytest.skip("torch.compile does not work here (no C++ toolchain)")
+
+        def standardise(module, args):
+            return (args[0] * 3.0,)
+
+        model.register_forward_pre_hook(standardise)
+        result = run_probe("compile_compare", _context(compiled, batch), 60)
+    finally:
+        torch.set_num_threads(threads)
+    assert result.status == "confirmed", result.detail
+    assert "module 0 (Linear)" in result.detail
+    assert "forward pre-hook " in result.detail and "standardise on the model" in result.detail
+
+
 def test_compile_compare_refutes_an_eager_model():
     from triage.probes.compile_compare import compile_compare
 

@@ -1,13 +1,15 @@
 """Training-health checks: a run that finishes but does not learn, diverges or leaks, turned into a `silent` Incident.
 
 One hook on `torch.autograd.backward` sees every `loss.backward()`. On most
-steps it only counts; every few steps, before backward runs (the caches are
-still warm from the forward), it reads the loss (a CPU scalar by its address, a
-GPU one summed on the device: no sync) and the process or CUDA memory; at a few
-sampled steps it walks the autograd graph (which parameters it reaches, the
-loss it ends in, custom autograd Functions, ReLU outputs) and, after backward,
-the gradients (at a stride budgeted against the step time). Series are kept in
-a bounded number of buckets whose width doubles as the run grows.
+steps it only counts and compares the count with the next one at which work is
+due (one integer, rescheduled whenever work runs); every few steps, before
+backward runs (the caches are still warm from the forward), it reads the loss
+(a CPU scalar by its address, a GPU one summed on the device: no sync) and the
+process or CUDA memory; at a few sampled steps it walks the autograd graph
+(which parameters it reaches, the loss it ends in, custom autograd Functions,
+ReLU outputs) and, after backward, the gradients (at a stride budgeted against
+the step time). Series are kept in a bounded number of buckets whose width
+doubles as the run grows.
 At the end of the run `findings()` reads it all once; each finding says how many
 steps it watched and the threshold it used, in a `triage: silent: CHECK: ...`
 line the knowledge base (knowledge_base/learning.yaml) matches.
@@ -97,7 +99,10 @@ class HealthMonitor:
         self.custom_functions: dict[str, type] = {}
         self.relu_zero_fraction: list[tuple[list[int], float]] = []
         self.cuda_memory = False
-        self.stepped: weakref.WeakSet = weakref.WeakSet()  # optimizers that took a step: the ones that train
+        # Optimizers that took a step (the ones that train), by id: a dict lookup per step, where WeakSet.add made a
+        # new weak reference every step.
+        self.stepped: dict[int, weakref.ref] = {}
+        self.next_due = 1  # the backward count at which before_backward next has something to do
         self._readers: dict[Any, tuple[Any, int]] = {}  # torch dtype -> (memory view, address shift) for CPU scalars
         # (optimizer steps counted then, a parameter) at a sampled backward: were its gradients cleared before the next?
         self.pending_clear_check: tuple[int, weakref.ref, weakref.ref] | None = None
@@ -129,15 +134,17 @@ class HealthMonitor:
                 return original(tensors, *args, **kwargs)  # a probe's replay, not the user's step
             count = monitor.backwards = monitor.backwards + 1
             if trend is not None:
-                trend.read_loss(tensors)
-            post = False
+                trend.read_loss(tensors)  # every backward's loss: the NaN/divergence watch (loss_watch.py)
             # Everything is read before backward, where the caches are still warm from the forward; on most
-            # steps none of it is due and these two lines are the whole cost.
-            if (monitor.pending_clear_check is not None or not count % monitor.every or count <= GRAPH_SAMPLES_DENSE
-                    or not count & (count - 1)):
+            # steps none of it is due and these comparisons are the whole cost.
+            if count < monitor.next_due and (trend is None or not trend.wants_gradients):
+                return original(tensors, *args, **kwargs)
+            post = False
+            if count >= monitor.next_due:
                 try:
                     post = monitor.before_backward(tensors, count)
                 except Exception:
+                    monitor.next_due = count + monitor.every  # a failing read must not run on every later step
                     if os.environ.get("TRIAGE_DEBUG"):
                         raise
             result = original(tensors, *args, **kwargs)
@@ -159,7 +166,8 @@ class HealthMonitor:
         stepped = self.stepped
 
         def step_taken(optimizer, args, kwargs) -> None:
-            stepped.add(optimizer)
+            if id(optimizer) not in stepped:
+                stepped[id(optimizer)] = weakref.ref(optimizer)
 
         handle = register_optimizer_step_post_hook(step_taken)
 
@@ -230,10 +238,21 @@ class HealthMonitor:
         if count <= GRAPH_SAMPLES_DENSE or not count & (count - 1):  # the first graphs, then the 16th, 32nd, ...
             if getattr(loss, "grad_fn", None) is not None:
                 self.walk_graph(loss, count)
-        if count % self.every:
-            return False
-        self._read_loss(loss, count)
-        return not count % self.grad_stride or not count % CLEAR_CHECK_EVERY
+        post = False
+        if not count % self.every:
+            self._read_loss(loss, count)
+            post = not count % self.grad_stride or not count % CLEAR_CHECK_EVERY
+        self._schedule(count)
+        return post
+
+    def _schedule(self, count: int) -> None:
+        """The next backward count with work due: a loss read (a multiple of `every`, on which gradient samples and
+        zero_grad checks also fall), a graph walk (the first few, then powers of two) or a pending zero_grad check."""
+        if self.pending_clear_check is not None or count < GRAPH_SAMPLES_DENSE:
+            self.next_due = count + 1
+            return
+        next_read = (count // self.every + 1) * self.every
+        self.next_due = min(next_read, 1 << count.bit_length())  # 1 << bit_length: the next power of two
 
     def _read_loss(self, loss: Any, count: int) -> None:
         reader = self._readers.get(loss.dtype)
@@ -270,6 +289,8 @@ class HealthMonitor:
             self._sample_gradients(count)
         if not count % CLEAR_CHECK_EVERY and self.pending_clear_check is None:
             self._arm_clear_check()
+            if self.pending_clear_check is not None:
+                self.next_due = count + 1
 
     def _memory(self) -> float | None:
         torch = sys.modules.get("torch")
@@ -307,11 +328,12 @@ class HealthMonitor:
         if not grads:
             return
         with torch.no_grad():
-            norms = torch._foreach_norm([g for _, g in grads])
-            total = float(torch.stack([n.float() for n in norms]).norm())
-            for (key, grad), norm in zip(grads, norms):
-                if float(norm) == 0.0:
-                    self.zero_grad_samples[key] = self.zero_grad_samples.get(key, 0) + 1
+            # One host copy of all the norms: a float() per parameter is a synchronisation and a call each.
+            norms = torch.stack([n.float() for n in torch._foreach_norm([g for _, g in grads])]).tolist()
+        total = math.sqrt(sum(n * n for n in norms))
+        for (key, _), norm in zip(grads, norms):
+            if norm == 0.0:
+                self.zero_grad_samples[key] = self.zero_grad_samples.get(key, 0) + 1
         self.grad_samples += 1
         self.grad_norms.append([count, total])
         _note_grad_norm(total)
@@ -369,7 +391,7 @@ class HealthMonitor:
             return found
         self.settle()
         # The optimizers that stepped; when none did, every live one (an earlier phase's optimizer is not this run's).
-        optimizers = list(self.stepped) or _live_optimizers()
+        optimizers = [o for o in (ref() for ref in self.stepped.values()) if o is not None] or _live_optimizers()
         names = _parameter_names(main_globals)
         optimized = {id(p): (index, group_index, group) for index, opt in enumerate(optimizers)
                      for group_index, group in enumerate(opt.param_groups) for p in group["params"]}

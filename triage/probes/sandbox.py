@@ -101,12 +101,18 @@ def in_sandbox() -> bool:
     return _state.active
 
 
+def parent_threads() -> int | None:
+    """torch's intra-op thread count in the forked-from process (the experiment itself runs with one); None outside one."""
+    return _state.parent_threads if _state.active else None
+
+
 class _State:
     active = False
     refused: list[str] = []
     saves: list[str] = []
     redirected: list[str] = []
     streams: list[Any] = []  # the child's own stdout and stderr
+    parent_threads: int | None = None  # torch's intra-op threads in the process the child was forked from
 
 
 _state = _State()
@@ -465,6 +471,7 @@ def _stub_torch() -> None:
     torch = sys.modules.get("torch")
     if torch is None:
         return
+    _state.parent_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # libgomp's pool does not survive fork: a second thread would wait forever
 
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
