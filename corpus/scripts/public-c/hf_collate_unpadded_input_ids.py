@@ -48,6 +48,7 @@ class SequenceClassifier(nn.Module):
 
 
 def main():
+    torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     words = ["the", "movie", "was", "great", "boring", "plot", "actors", "not", "really", "fine"]
     raw = {"sentence": [" ".join(words[int(j)] for j in torch.randint(0, 10, (int(n),), generator=g))
