@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import math
 import re
+import resource
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -178,6 +179,15 @@ def _host_available() -> dict[str, int]:
                 break
         except OSError:
             continue
+    # A job's `ulimit -v` (RLIMIT_AS) caps the process below what the host has free.
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        try:
+            with open("/proc/self/status", encoding="ascii") as f:
+                size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+            figures["address_space_left"] = max(0, soft - size)
+        except (OSError, StopIteration, ValueError):
+            pass
     return figures
 
 
@@ -279,14 +289,16 @@ def _host_oom(ctx: ProbeContext, figures: dict[str, int]) -> ProbeResult:
     tried = figures.get("tried", 0)
     host = _host_available()
     held = _holdings(ctx, "cpu")
-    available = min(v for v in (host.get("MemAvailable"), host.get("cgroup_limit")) if v) if (
-        host.get("MemAvailable") or host.get("cgroup_limit")) else None
+    limits = [v for v in (host.get("MemAvailable"), host.get("cgroup_limit"), host.get("address_space_left")) if v is not None]
+    available = min(limits) if limits else None
     facts = {"tried": tried, "host": host, "parameters": held.parameters, "gradients": held.gradients,
              "optimizer_state": held.optimizer, "largest_tensors": held.largest}
     parts = [f"the failed host allocation asked for {human(tried)}" if tried else "a host allocation failed"]
     if available:
         parts.append(f"the host has {human(host.get('MemAvailable', 0))} available"
-                     + (f" (cgroup limit {human(host['cgroup_limit'])})" if host.get("cgroup_limit") else ""))
+                     + (f" (cgroup limit {human(host['cgroup_limit'])})" if host.get("cgroup_limit") else "")
+                     + (f", but the process's address-space limit (ulimit -v) leaves {human(host['address_space_left'])}"
+                        if "address_space_left" in host else ""))
     if held.largest:
         parts.append("largest live tensors: " + ", ".join(held.largest[:3]))
     if tried and available and tried > available:
