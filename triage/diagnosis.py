@@ -31,6 +31,24 @@ class ProbeResult:
         return out
 
 
+FIX_VERDICTS = ("verified", "fails", "not tried")
+
+
+@dataclass
+class Fix:
+    """One candidate fix of the chosen cause, and what a fix trial found when one ran."""
+
+    id: str
+    text: str
+    trial: str = ""
+    verdict: str | None = None  # one of FIX_VERDICTS once a trial was attempted
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "text": self.text, "trial": self.trial or None, "verdict": self.verdict,
+                "detail": self.detail}
+
+
 @dataclass
 class Diagnosis:
     """A rule's explanation of an incident, rendered with the values its match extracted."""
@@ -53,6 +71,27 @@ class Diagnosis:
     # Where the rule came from: built-in, user, project, TRIAGE_RULES or --rules (searchpath.ORIGINS).
     origin: str = "built-in"
     overrides: str = ""  # "ORIGIN FILE:LINE" of the rule this one replaced (same id, earlier layer), if any
+    # The specific cause: "<rule id>/<cause>" when the evidence chose one of the rule's causes, else the rule id.
+    cause: str = ""
+    fixes: list[Fix] = field(default_factory=list)  # the chosen cause's candidate fixes, in order
+    decide: str = ""  # which fact would decide between the rule's causes, when none was chosen
+    # What the matcher rendered from, kept to choose the cause again once the experiments have run.
+    context: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    weight: float = field(default=1.0, repr=False, compare=False)
+
+    @property
+    def leading_fix(self) -> Fix | None:
+        """The fix the report leads with: the first a trial verified, else the first not shown to fail."""
+        for wanted in (lambda f: f.verdict == "verified", lambda f: f.verdict != "fails", lambda f: True):
+            for option in self.fixes:
+                if wanted(option):
+                    return option
+        return None
+
+    @property
+    def fix_id(self) -> str:
+        leading = self.leading_fix
+        return leading.id if leading is not None else self.rule
 
     @property
     def provenance(self) -> str:
@@ -78,6 +117,10 @@ class Diagnosis:
             "rule_location": self.rule_location,
             "origin": self.origin,
             "overrides": self.overrides or None,
+            "cause": self.cause or self.rule,
+            "fix_id": self.fix_id,
+            "fixes": [f.to_dict() for f in self.fixes],
+            "decide": self.decide or None,
         }
 
 

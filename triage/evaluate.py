@@ -43,6 +43,13 @@ class CaseResult:
     missing_facts: list[str] = field(default_factory=list)
     # The experiments the leading diagnosis named, as (probe, status, detail, seconds): a live run's only.
     probes: list[tuple[str, str, str, float]] = field(default_factory=list)
+    # The labelled specific cause and fix (`cause_id`, `fix_id`), and what the leading diagnosis named.
+    expected_cause: str | None = None
+    expected_fix: str | None = None
+    cause: str | None = None
+    fix_id: str | None = None
+    verified_fixes: list[str] = field(default_factory=list)  # fix ids a trial verified on the leading diagnosis
+    trial_applies: bool = False  # the leading diagnosis's cause has a fix a trial can test
     expected_exit: int | None = None
     exit_code: int | None = None
     seconds: float = 0.0
@@ -64,6 +71,27 @@ class CaseResult:
         return not self.expected_rule or (bool(self.rules) and self.rules[0] == self.expected_rule)
 
     @property
+    def cause_ok(self) -> bool | None:
+        """Whether the leading diagnosis names the labelled cause (None: no cause labelled)."""
+        return None if not self.expected_cause else self.cause == self.expected_cause and not self.error
+
+    @property
+    def fix_ok(self) -> bool | None:
+        """Whether the labelled fix leads, or a trial verified it (None: no fix labelled)."""
+        if not self.expected_fix:
+            return None
+        return (self.fix_id == self.expected_fix or self.expected_fix in self.verified_fixes) and not self.error
+
+    @property
+    def experiment(self) -> str | None:
+        """The experiments' verdict on the leading diagnosis: confirmed, refuted, or None (none decided)."""
+        statuses = {status for name, status, *_ in self.probes if name != "save_batch"}
+        for verdict, other in (("confirmed", "refuted"), ("refuted", "confirmed")):
+            if verdict in statuses and other not in statuses:
+                return verdict
+        return None
+
+    @property
     def exit_ok(self) -> bool:
         return self.expected_exit is None or self.exit_code == self.expected_exit
 
@@ -74,7 +102,8 @@ class CaseResult:
 
     @property
     def ok(self) -> bool:
-        return self.top1 and self.rule_ok and not self.missing_facts and self.exit_ok
+        return (self.top1 and self.rule_ok and not self.missing_facts and self.exit_ok
+                and self.cause_ok is not False and self.fix_ok is not False)
 
 
 def default_corpus() -> Path:
@@ -171,6 +200,7 @@ def _new_result(path: Path, kind: str, expectation: dict[str, Any]) -> CaseResul
     return CaseResult(
         path=str(path), kind=kind,
         expected_category=expectation.get("category"), expected_rule=expectation.get("rule"),
+        expected_cause=expectation.get("cause_id"), expected_fix=expectation.get("fix_id"),
     )  # fmt: skip
 
 
@@ -184,6 +214,11 @@ def _fill(result: CaseResult, diagnoses: list[dict[str, Any]], expectation: dict
         result.probes = [(p["name"], p["status"], p.get("detail", ""), float(p.get("seconds") or 0.0))
                          for p in lead.get("probes", [])]
         result.missing_facts = [str(fact) for fact in expectation.get("facts", []) if str(fact) not in text]
+        result.cause = lead.get("cause") or lead["rule"]
+        result.fix_id = lead.get("fix_id") or lead["rule"]
+        fixes = lead.get("fixes") or []
+        result.verified_fixes = [f["id"] for f in fixes if f.get("verdict") == "verified"]
+        result.trial_applies = any(f.get("trial") for f in fixes)
     else:
         result.missing_facts = [str(fact) for fact in expectation.get("facts", [])]
 
@@ -200,10 +235,22 @@ class Score:
     exit_parity: float
     python_negatives_misread: int
     seconds_per_case: float
+    # Over the cases labelled with a cause (a fix): the leading diagnosis names it (leads with it, or verified it).
+    cause: float | None = None
+    fix: float | None = None
+    cause_cases: int = 0
+    fix_cases: int = 0
+
+
+def _share(flags: list[bool | None]) -> tuple[float | None, int]:
+    labelled = [flag for flag in flags if flag is not None]
+    return (sum(labelled) / len(labelled) if labelled else None), len(labelled)
 
 
 def score(results: list[CaseResult]) -> Score:
     n = len(results) or 1
+    cause, cause_cases = _share([r.cause_ok for r in results])
+    fix, fix_cases = _share([r.fix_ok for r in results])
     return Score(
         cases=len(results),
         top1=sum(r.top1 for r in results) / n,
@@ -213,6 +260,7 @@ def score(results: list[CaseResult]) -> Score:
         exit_parity=sum(r.exit_ok for r in results) / n,
         python_negatives_misread=sum(r.python_negative_misread for r in results),
         seconds_per_case=sum(r.seconds for r in results) / n,
+        cause=cause, fix=fix, cause_cases=cause_cases, fix_cases=fix_cases,
     )
 
 
@@ -220,21 +268,30 @@ def format_table(results: list[CaseResult]) -> str:
     by_category: dict[str, list[CaseResult]] = {}
     for result in results:
         by_category.setdefault(f"{result.kind}:{result.expected_category or '(passes)'}", []).append(result)
-    lines = [f"{'corpus / category':<24} {'cases':>5} {'top-1':>6} {'top-3':>6} {'rule':>6} {'facts':>6} {'ms/case':>8}"]
+    lines = [f"{'corpus / category':<24} {'cases':>5} {'top-1':>6} {'top-3':>6} {'rule':>6} {'facts':>6} "
+             f"{'cause':>6} {'fix':>6} {'ms/case':>8}"]
     for name in sorted(by_category):
-        group = by_category[name]
-        s = score(group)
-        lines.append(f"{name:<24} {s.cases:>5} {s.top1:>6.0%} {s.top3:>6.0%} {s.rule_top1:>6.0%} {s.facts:>6.0%} {s.seconds_per_case * 1000:>8.0f}")
+        s = score(by_category[name])
+        lines.append(f"{name:<24} {s.cases:>5} {s.top1:>6.0%} {s.top3:>6.0%} {s.rule_top1:>6.0%} {s.facts:>6.0%} "
+                     f"{_percent(s.cause, 0):>6} {_percent(s.fix, 0):>6} {s.seconds_per_case * 1000:>8.0f}")
     for kind in ("log", "fresh", "script"):
         group = [r for r in results if r.kind == kind]
         if group:
             s = score(group)
-            lines.append(f"{'ALL ' + _KIND_TOTALS[kind]:<24} {s.cases:>5} {s.top1:>6.1%} {s.top3:>6.1%} {s.rule_top1:>6.1%} {s.facts:>6.1%} {s.seconds_per_case * 1000:>8.0f}")
+            lines.append(f"{'ALL ' + _KIND_TOTALS[kind]:<24} {s.cases:>5} {s.top1:>6.1%} {s.top3:>6.1%} "
+                         f"{s.rule_top1:>6.1%} {s.facts:>6.1%} {_percent(s.cause, 1):>6} {_percent(s.fix, 1):>6} "
+                         f"{s.seconds_per_case * 1000:>8.0f}")
+    labelled = [r for r in results if r.cause_ok is not None or r.fix_ok is not None]
+    if labelled:
+        s = score(labelled)
+        lines.append(f"cause named: {s.cause_cases and round(s.cause * s.cause_cases)} of {s.cause_cases} labelled; "
+                     f"labelled fix leading or verified: {s.fix_cases and round(s.fix * s.fix_cases)} of {s.fix_cases}")
     total = score(results)
     lines.append(f"python negatives given a PyTorch diagnosis: {total.python_negatives_misread}")
     if any(r.kind == "script" for r in results):
         scripts = score([r for r in results if r.kind == "script"])
         lines.append(f"script exit-status parity: {scripts.exit_parity:.1%}")
+        lines += _experiment_lines([r for r in results if r.kind == "script"])
         lines += _probe_lines([r for r in results if r.kind == "script"])
     misses = [r for r in results if not r.ok]
     if misses:
@@ -247,12 +304,37 @@ def format_table(results: list[CaseResult]) -> str:
                 reasons.append(f"expected {r.expected_category}/{r.expected_rule or '-'}, got {got}")
             if r.missing_facts:
                 reasons.append(f"missing facts {r.missing_facts}")
+            if r.cause_ok is False:
+                reasons.append(f"cause {r.cause}, labelled {r.expected_cause}")
+            if r.fix_ok is False:
+                reasons.append(f"fix {r.fix_id}, labelled {r.expected_fix}")
             if not r.exit_ok:
                 reasons.append(f"exit {r.exit_code}, expected {r.expected_exit}")
             if r.error:
                 reasons.append(r.error)
             lines.append(f"  {r.path}: {'; '.join(reasons)}")
     return "\n".join(lines)
+
+
+def _percent(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}%}"
+
+
+def _experiment_lines(scripts: list[CaseResult]) -> list[str]:
+    """Issue 13's figures: a confirming experiment on the leading diagnosis of each non-Python failure, and a fix
+    verified by a trial wherever the leading cause has a fix a trial can test."""
+    failing = [r for r in scripts if r.expected_category not in (None, PYTHON_CATEGORY)]
+    lines = []
+    if failing:
+        confirmed = sum(r.experiment == "confirmed" for r in failing)
+        lines.append(f"experiment confirming the leading diagnosis: {confirmed} of {len(failing)} non-Python failures "
+                     f"({confirmed / len(failing):.1%})")
+    applies = [r for r in scripts if r.trial_applies]
+    if applies:
+        verified = sum(bool(r.verified_fixes) for r in applies)
+        lines.append(f"fix verified by a trial: {verified} of {len(applies)} where a trial applies "
+                     f"({verified / len(applies):.1%})")
+    return lines
 
 
 def _probe_lines(results: list[CaseResult]) -> list[str]:
@@ -329,7 +411,9 @@ def main(argv: list[str]) -> int:
     if not results and not jobs:
         raise UsageError(f"{root}: no cases (no expected.yaml under logs/ or scripts/)")
     if args.format == "json":
-        print(json.dumps({"score": asdict(score(results)), "cases": [asdict(r) | {"ok": r.ok} for r in results],
+        cases = [asdict(r) | {"ok": r.ok, "cause_ok": r.cause_ok, "fix_ok": r.fix_ok, "experiment": r.experiment}
+                 for r in results]
+        print(json.dumps({"score": asdict(score(results)), "cases": cases,
                           "jobs": [asdict(j) | {"ok": j.ok} for j in jobs]}, indent=2))
     else:
         print(format_table(results) + ("\n\n" + format_jobs(jobs) if jobs else ""))

@@ -73,6 +73,7 @@ def triage_incident(
         started = time.monotonic()
         run_experiments(report, live, writer.folder if writer is not None else None,
                         on_result=lambda: _write(writer, report, timings, complete=False))
+        choose_causes_again(report, kb)
         timings["probes_s"] = time.monotonic() - started
         if rerun is not None:
             report.rerun = rerun()
@@ -149,6 +150,18 @@ def run_experiments(report: Report, live: LiveContext, folder: Path | None,
         return
     if isinstance(ranked, list):
         report.diagnoses = ranked
+
+
+def choose_causes_again(report: Report, kb: KnowledgeBase) -> None:
+    """With the experiments' facts known, each diagnosis chooses its cause again (and is re-ranked by it)."""
+    from .kb.matcher import rechoose
+    from .probes.runner import rerank
+
+    rules = {rule.id: rule for rule in kb.rules}
+    for diagnosis in report.diagnoses:
+        if diagnosis.rule in rules and diagnosis.probes:
+            rechoose(diagnosis, rules[diagnosis.rule], report.warnings)
+    rerank(report.diagnoses)
 
 
 def print_summary(report: Report, stream: IO[str], *, folder: Path | None = None, lead_in: str | None = None,

@@ -20,7 +20,21 @@ PROBES: dict[str, str] = {
     "gradcheck": "triage.probes.gradcheck:gradcheck",
     "determinism": "triage.probes.determinism:determinism",
     "compile_compare": "triage.probes.compile_compare:compile_compare",
+    # torch.compile failures: does the step run without the compiler?
+    "eager_rerun": "triage.probes.eager_rerun:eager_rerun",
+    # checkpoint failures: the state dict's keys against the model's, or the file torch.load refused
+    "checkpoint_diff": "triage.probes.checkpoint_diff:checkpoint_diff",
+    # autograd failures: where the graph was cut, carried across iterations, or left unreduced
+    "grad_graph": "triage.probes.grad_graph:grad_graph",
 }
+
+# Mechanical fixes a rule's cause may ask to be tried (`fixes: [{trial: ...}]`): each applies its fix to copies in
+# an experiment's sandbox and re-runs the failing step (triage/probes/fix_trials.py implements them).
+FIX_TRIALS = frozenset({
+    "resize-linear-in", "resize-head", "resize-embedding", "shift-labels", "ignore-index", "target-long",
+    "target-float", "input-float", "squeeze-output", "unsqueeze-target", "contiguous", "relu-not-inplace",
+    "detach-hidden", "detach-fake", "strip-module-prefix", "map-location-cpu", "weights-only-false", "safe-globals",
+})  # fmt: skip
 
 
 def known_probes() -> frozenset[str]:

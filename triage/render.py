@@ -108,7 +108,10 @@ def to_markdown(report: Report) -> str:
             lines.append("")
         if diagnosis.confirm:
             lines += [f"**Confirm.** {diagnosis.confirm}", ""]
-        lines += [f"**Fix.** {diagnosis.fix}", ""]
+        if diagnosis.decide:
+            lines += [f"**To decide between the causes.** {diagnosis.decide}", ""]
+        lines += [f"**Fix.** {fix_text(diagnosis)}", ""]
+        lines += [f"- {note}" for note in other_fixes(diagnosis)] + ([""] if other_fixes(diagnosis) else [])
         if diagnosis.verify:
             lines += [f"**Verify the fix.** {diagnosis.verify}", ""]
             for command, note in _rerun_lines(report.rerun) if rank == 1 else ():  # the same commands for all
@@ -116,6 +119,29 @@ def to_markdown(report: Report) -> str:
     for note in report.incident.notes + report.warnings:
         lines.append(f"> {note}")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def fix_text(diagnosis: Diagnosis) -> str:
+    """The leading fix, with what its trial found: "... (fix verified: with nn.Linear(400, 120) the step runs)"."""
+    leading = diagnosis.leading_fix
+    if leading is None:
+        return diagnosis.fix
+    if leading.verdict == "verified":
+        return f"{leading.text} (fix verified: {leading.detail})" if leading.detail else f"{leading.text} (fix verified)"
+    return leading.text
+
+
+def other_fixes(diagnosis: Diagnosis) -> list[str]:
+    """The cause's other candidate fixes, each with its trial's verdict where one ran."""
+    leading = diagnosis.leading_fix
+    notes = []
+    for option in diagnosis.fixes:
+        if option is leading:
+            continue
+        verdict = f" ({option.verdict}: {option.detail})" if option.verdict and option.detail else (
+            f" ({option.verdict})" if option.verdict else "")
+        notes.append(f"{'tried' if option.verdict == 'fails' else 'or'}: {option.text}{verdict}")
+    return notes
 
 
 Line = list[tuple[str, str]]  # (text, rich style or "") pieces of one line
@@ -181,7 +207,10 @@ def _diagnosis_lines(diagnosis: Diagnosis, rerun: dict[str, str | None] | None) 
         lines += [[("", "")], [("  Experiment ", "bold"), (f"{probe.name}: ", ""), (probe.status, style), (f". {probe.detail}", "")]]
     if diagnosis.confirm:
         lines += [[("", "")], [("  Confirm  ", "bold"), (diagnosis.confirm, "")]]
-    lines += [[("", "")], [("  Fix  ", "bold"), (diagnosis.fix, "")]]
+    if diagnosis.decide:
+        lines += [[("", "")], [("  To decide  ", "bold"), (diagnosis.decide, "")]]
+    lines += [[("", "")], [("  Fix  ", "bold"), (fix_text(diagnosis), "")]]
+    lines += [[(f"    - {note}", "")] for note in other_fixes(diagnosis)]
     if diagnosis.verify:
         lines += [[("", "")], [("  Verify  ", "bold"), (diagnosis.verify, "")]]
         for command, note in _rerun_lines(rerun):

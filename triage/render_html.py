@@ -216,7 +216,9 @@ pre { padding: 8px; overflow-x: auto; white-space: pre-wrap; }
 <p>{{ d.hypothesis }}</p>
 {% if d.evidence %}<ul>{% for e in d.evidence %}<li><code>{{ e }}</code></li>{% endfor %}</ul>{% endif %}
 {% for p in d.probes %}<p>Experiment <code>{{ p.name }}</code>: <span class="status" style="color: {{ colours.get(p.status, '#1f2328') }}">{{ p.status }}</span>. {{ p.detail }}</p>{% endfor %}
-<p><strong>Fix</strong> {{ d.fix }}</p>
+{% if d.decide %}<p><strong>To decide</strong> {{ d.decide }}</p>{% endif %}
+<p><strong>Fix</strong> {{ fix_text(d) }}</p>
+{% for note in other_fixes(d) %}<p class="meta">{{ note }}</p>{% endfor %}
 {% if d.verify %}<p><strong>Verify</strong> {{ d.verify }}</p>{% endif %}
 </div>
 {% else %}
@@ -239,7 +241,7 @@ pre { padding: 8px; overflow-x: auto; white-space: pre-wrap; }
 
 def to_html(report: Report) -> str:
     """The whole page, escaped by Jinja2's autoescape; the SVG charts are built here and marked safe."""
-    from .render import _location, _observation
+    from .render import _location, _observation, fix_text, other_fixes
 
     environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     template = environment.from_string(_TEMPLATE)
@@ -251,5 +253,5 @@ def to_html(report: Report) -> str:
     return template.render(
         source=report.source, kind=incident.kind, environment=versions, observed=_observation(report),
         location=_location(report), diagnoses=report.diagnoses, charts=charts(report), findings=findings,
-        log_lines=incident.log_lines[-40:], colours=_STATUS_COLOURS,
+        log_lines=incident.log_lines[-40:], colours=_STATUS_COLOURS, fix_text=fix_text, other_fixes=other_fixes,
     )

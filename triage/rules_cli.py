@@ -126,6 +126,15 @@ def _show(args: argparse.Namespace) -> int:
                           ("Verify", rule.verify)):
         if text:
             print(f"\n{heading}\n  " + text.strip().replace("\n", "\n  "))
+    if rule.causes:
+        print("\nCauses (the first whose `when` holds is chosen)")
+        for cause in rule.causes:
+            print(f"  {rule.id}/{cause.id}  when: {cause.when or '(fallback: no other holds)'}")
+            fixes = ", ".join(f"{f.id}" + (f" [trial {f.trial}]" if f.trial else "") for f in cause.fixes)
+            if fixes:
+                print(f"    fixes: {fixes}")
+        if rule.decide:
+            print("  undecided: " + rule.decide.strip().replace("\n", "\n  "))
     print("\nMatches")
     if rule.exception_types:
         print(f"  exception: {', '.join(rule.exception_types)}")

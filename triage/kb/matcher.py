@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..diagnosis import Diagnosis
+from ..diagnosis import Diagnosis, Fix
 from ..incident import ExceptionInfo, Frame, Incident
 from . import templates
 from .loader import KnowledgeBase
-from .rule import Rule
+from .rule import Cause, Rule
 from .safe_regex import PatternTimeout
 
 # How much a match on an exception other than the root cause counts.
@@ -162,33 +162,93 @@ def _diagnosis(
     if frame is None and incident.exception is not None:
         frame = incident.exception.user_frame()
     context = template_context(incident, exc, frame, values)
-    rendered = {}
-    for name, source in rule.template_fields().items():
-        try:
-            rendered[name] = templates.render(source, context)
-        except templates.TemplateRefused:
-            raise  # the whole diagnosis is refused, not shown with a raw template
-        except templates.TemplateError as exc_:
-            warnings.append(f"rule {rule.id} ({rule.location}): {name}: {exc_}")
-            rendered[name] = source.strip()
-    evidence = _evidence(incident, exc, frame, values)
-    evidence.extend(rendered[f"evidence[{n}]"] for n in range(len(rule.evidence)))
-    return Diagnosis(
+    diagnosis = Diagnosis(
         rule=rule.id,
         category=rule.category,
         confidence=rule.confidence * weight,
-        title=rendered["title"],
-        hypothesis=rendered["hypothesis"],
-        fix=rendered["fix"],
-        confirm=rendered.get("confirm", ""),
-        verify=rendered.get("verify") or _default_verify(incident, exc, frame),
-        evidence=evidence,
+        title="",
+        hypothesis="",
+        fix="",
         probe_names=list(rule.probes),
         values=values,
         exception_index=index,
         rule_location=rule.location,
         origin=rule.origin,
+        context=context,
+        weight=weight,
     )
+    _render(diagnosis, rule, incident, exc, frame, warnings)
+    diagnosis.evidence = _evidence(incident, exc, frame, values) + diagnosis.evidence
+    return diagnosis
+
+
+def choose_cause(rule: Rule, context: dict[str, Any]) -> Cause | None:
+    """The first of the rule's causes whose `when` holds in `context`, else its fallback (the one without `when`)."""
+    fallback = None
+    for cause in rule.causes:
+        if not cause.when:
+            fallback = fallback or cause
+        elif templates.condition(cause.when, context):
+            return cause
+    return fallback
+
+
+def rechoose(diagnosis: Diagnosis, rule: Rule, warnings: list[str]) -> None:
+    """Choose the cause again and re-render, now that the experiments' facts (`probe.<name>.<fact>`) are known."""
+    if not diagnosis.context:
+        return
+    probe: dict[str, dict[str, Any]] = {}
+    for result in diagnosis.probes:
+        probe[result.name] = {**result.facts, "status": result.status}
+    diagnosis.context = {**diagnosis.context, "probe": probe}
+    evidence = list(diagnosis.evidence)
+    try:
+        _render(diagnosis, rule, None, None, None, warnings)
+    except templates.TemplateRefused as exc:
+        warnings.append(f"rule {rule.id} ({rule.location}): {exc}")
+    diagnosis.evidence = evidence  # the match's evidence stands; the experiments are shown as such
+
+
+def _render(diagnosis: Diagnosis, rule: Rule, incident: Incident | None, exc: ExceptionInfo | None,
+            frame: Frame | None, warnings: list[str]) -> None:
+    """Fill the diagnosis's texts, cause and fixes from the rule and the cause its context chooses."""
+    context = diagnosis.context
+    cause = choose_cause(rule, context)
+
+    def render(name: str, source: str) -> str:
+        try:
+            return templates.render(source, context)
+        except templates.TemplateRefused:
+            raise  # the whole diagnosis is refused, not shown with a raw template
+        except templates.TemplateError as exc_:
+            warnings.append(f"rule {rule.id} ({rule.location}): {name}: {exc_}")
+            return source.strip()
+
+    rendered = {name: render(name, source) for name, source in rule.template_fields().items()}
+    fixes = [Fix(rule.id, rendered["fix"])]
+    if cause is not None:
+        n = rule.causes.index(cause)
+        for key in ("title", "hypothesis", "confirm", "verify"):
+            if getattr(cause, key):
+                rendered[key] = render(f"causes[{n}].{key}", getattr(cause, key))
+        if cause.fixes:
+            fixes = [Fix(option.id, render(f"causes[{n}].fixes[{m}]", option.text), option.trial)
+                     for m, option in enumerate(cause.fixes)]
+        else:
+            fixes = [Fix(cause.id, rendered["fix"])]
+    diagnosis.cause = f"{rule.id}/{cause.id}" if cause is not None else rule.id
+    diagnosis.confidence = (cause.confidence if cause is not None and cause.confidence else rule.confidence) * diagnosis.weight
+    diagnosis.title = rendered["title"]
+    diagnosis.hypothesis = rendered["hypothesis"]
+    diagnosis.confirm = rendered.get("confirm", "")
+    diagnosis.decide = rendered.get("decide", "") if rule.causes and cause is None else ""
+    diagnosis.fixes = fixes
+    diagnosis.fix = fixes[0].text
+    if incident is not None:
+        diagnosis.verify = rendered.get("verify") or _default_verify(incident, exc, frame)
+        diagnosis.evidence = [rendered[f"evidence[{n}]"] for n in range(len(rule.evidence))]
+    elif rendered.get("verify"):
+        diagnosis.verify = rendered["verify"]
 
 
 def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame | None, values: dict[str, Any]) -> dict[str, Any]:
@@ -204,12 +264,15 @@ def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame
         "rank": exc.rank if exc and exc.rank is not None else incident.rank,
         "worker": exc.worker if exc and exc.worker is not None else incident.worker,
         "kind": incident.kind,
+        # "log" for a pasted log (no batch was saved, nothing can be replayed), "run" or "wrapper" for a live one.
+        "source": incident.source,
         "signal": incident.signal,
         "exit_code": incident.exit_code,
         "facts": incident.facts,
         "log_match": values.get("log_match", ""),
     }
     context.update(values)
+    context["probe"] = {}  # the experiments' facts, once they have run (rechoose)
     return context
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import regex
 
 from ..incident import KINDS
-from ..probe_registry import PROBES, entry_point_probes, registered_probes
+from ..probe_registry import FIX_TRIALS, PROBES, entry_point_probes, registered_probes
 from . import templates
 from .safe_regex import SafePattern, compile_pattern
 from .yamlpos import LocatedDict, LocatedList, Position
@@ -35,7 +35,21 @@ RULE_KEYS = {
     "references": "links to docs or issues",
     "aliases": "old ids of this rule",
     "examples": "match / no_match log excerpts that test the rule",
+    "causes": "the specific causes this rule's text serves, each chosen by the evidence (`when`)",
+    "decide": "which fact would decide between the causes, and how to get it (a template)",
 }
+CAUSE_KEYS = {
+    "id": "a kebab-case slug; the cause id is '<rule id>/<slug>'",
+    "when": "a template expression over the match's values and `probe`; undefined names make it false",
+    "confidence": "how sure this cause makes us, 0 to 1 (default: the rule's)",
+    "title": "the title when this cause is chosen (a template)",
+    "hypothesis": "why it happened, stating the evidence that chose this cause (a template)",
+    "confirm": "how to confirm it (a template; default: the rule's)",
+    "verify": "how to check the fix worked (a template; default: the rule's)",
+    "fix": "what to change (a template); its fix id is the cause's slug",
+    "fixes": "candidate fixes in order, each with id, text and an optional trial",
+}
+FIX_KEYS = {"id": "a kebab-case slug", "text": "what to change (a template)", "trial": "a fix trial that applies it"}
 MATCH_KEYS = {
     "exception": "exception type name(s), short or dotted",
     "message": "regex(es) searched in the exception message; any may match",
@@ -47,8 +61,9 @@ MATCH_KEYS = {
 }
 FRAME_KEYS = {"file", "function", "code", "user"}
 EXAMPLE_KEYS = {"match", "no_match"}
-EXAMPLE_ITEM_KEYS = {"log", "vars"}
+EXAMPLE_ITEM_KEYS = {"log", "vars", "cause"}
 ID_PATTERN = re.compile(r"[a-z][a-z0-9-]*(?:\.[a-z0-9][a-z0-9-]*)+")
+SLUG_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]*")
 DEFAULT_CONFIDENCE = 0.8
 # What `triage rules new` writes where the author must put real content; a rule holding one is refused.
 PLACEHOLDER = "<<fill:"
@@ -76,6 +91,30 @@ class Example:
     line: int
     vars: dict[str, Any] = field(default_factory=dict)
     col: int = 1
+    cause: str | None = None  # the cause the log alone must choose (its slug)
+
+
+@dataclass
+class FixOption:
+    """One candidate fix of a cause: its id, its text (a template) and the trial that can test it."""
+
+    id: str
+    text: str
+    trial: str = ""
+
+
+@dataclass
+class Cause:
+    """A sub-hypothesis: one specific cause of the rule's failure, chosen when `when` holds (always, without one)."""
+
+    id: str
+    hypothesis: str
+    when: str = ""
+    confidence: float | None = None
+    title: str = ""
+    confirm: str = ""
+    verify: str = ""
+    fixes: list[FixOption] = field(default_factory=list)
 
 
 @dataclass
@@ -103,6 +142,8 @@ class Rule:
     aliases: list[str] = field(default_factory=list)
     matches: list[Example] = field(default_factory=list)
     no_matches: list[Example] = field(default_factory=list)
+    causes: list[Cause] = field(default_factory=list)
+    decide: str = ""
     path: str = ""
     line: int = 0
     origin: str = "built-in"
@@ -131,6 +172,21 @@ class Rule:
         if self.verify:
             out["verify"] = self.verify
         out.update((f"evidence[{n}]", text) for n, text in enumerate(self.evidence))
+        if self.decide:
+            out["decide"] = self.decide
+        return out
+
+    def cause_fields(self) -> dict[str, str]:
+        """Every template of the causes, named `causes[N].KEY` (`when` as the template `templates.condition` renders)."""
+        out: dict[str, str] = {}
+        for n, cause in enumerate(self.causes):
+            for key in ("title", "hypothesis", "confirm", "verify"):
+                if getattr(cause, key):
+                    out[f"causes[{n}].{key}"] = getattr(cause, key)
+            if cause.when:
+                out[f"causes[{n}].when"] = templates.condition_source(cause.when)
+            for m, option in enumerate(cause.fixes):
+                out[f"causes[{n}].fixes[{m}]"] = option.text
         return out
 
 
@@ -291,9 +347,82 @@ class _Builder:
                              "`triage.probes` entry-point group")
         rule.references = self.string_list(data, "references")[0]
         rule.aliases = self.string_list(data, "aliases")[0]
+        rule.decide = self.text(data, "decide", required=False)
+        self.build_causes(rule)
         self.check_templates(rule)
         self.build_examples(rule)
         return None if self.problems else rule
+
+    def build_causes(self, rule: Rule) -> None:
+        causes = self.data.get("causes")
+        if causes is None:
+            return
+        if not isinstance(causes, list) or not causes:
+            self.problem(self.value_pos(self.data, "causes"), "'causes' must be a non-empty list of causes",
+                         "each cause: id, when, hypothesis, fix (or fixes)")
+            return
+        seen: set[str] = set()
+        for item in causes:
+            if not isinstance(item, dict):
+                self.problem(getattr(item, "position", None) or self.value_pos(self.data, "causes"),
+                             "a cause is a mapping with id, when, hypothesis and fix")
+                continue
+            self.unknown_keys(item, CAUSE_KEYS, "a cause")
+            cause_id = self.slug(item, "id", seen, "cause")
+            cause = Cause(
+                id=cause_id, hypothesis=self.text(item, "hypothesis", required=True),
+                when=self.text(item, "when", required=False), title=self.text(item, "title", required=False),
+                confirm=self.text(item, "confirm", required=False), verify=self.text(item, "verify", required=False),
+            )  # fmt: skip
+            if "confidence" in item:
+                value = item["confidence"]
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+                    self.problem(self.value_pos(item, "confidence"), "confidence must be a number in (0, 1]")
+                else:
+                    cause.confidence = float(value)
+            if "fix" in item and "fixes" in item:
+                self.problem(self.key_pos(item, "fixes"), "a cause has 'fix' or 'fixes', not both")
+            elif "fixes" in item:
+                cause.fixes = self.fix_options(item)
+            elif "fix" in item:
+                cause.fixes = [FixOption(cause_id, self.text(item, "fix", required=True))]
+            rule.causes.append(cause)
+        fallbacks = [cause.id for cause in rule.causes if not cause.when]
+        if len(fallbacks) > 1:
+            self.problem(self.value_pos(self.data, "causes"), f"causes {', '.join(fallbacks)} have no 'when'",
+                         "only one cause may be the fallback; give the others a condition")
+
+    def fix_options(self, cause: LocatedDict) -> list[FixOption]:
+        items = cause.get("fixes")
+        if not isinstance(items, list) or not items:
+            self.problem(self.value_pos(cause, "fixes"), "'fixes' must be a non-empty list of {id, text, trial}")
+            return []
+        options: list[FixOption] = []
+        seen: set[str] = set()
+        for item in items:
+            if not isinstance(item, dict):
+                self.problem(getattr(item, "position", None) or self.value_pos(cause, "fixes"),
+                             "a fix is a mapping with id, text and an optional trial")
+                continue
+            self.unknown_keys(item, FIX_KEYS, "a fix")
+            option = FixOption(self.slug(item, "id", seen, "fix"), self.text(item, "text", required=True),
+                               self.text(item, "trial", required=False))
+            if option.trial and option.trial not in FIX_TRIALS:
+                close = difflib.get_close_matches(option.trial, sorted(FIX_TRIALS), n=1)
+                self.problem(self.value_pos(item, "trial"), f"unknown fix trial '{option.trial}'",
+                             f"did you mean '{close[0]}'?" if close else "known trials: " + ", ".join(sorted(FIX_TRIALS)))
+            options.append(option)
+        return options
+
+    def slug(self, mapping: LocatedDict, key: str, seen: set[str], what: str) -> str:
+        value = self.text(mapping, key, required=True)
+        if value and not SLUG_PATTERN.fullmatch(value):
+            self.problem(self.value_pos(mapping, key), f"{what} id '{value}' is not a kebab-case slug",
+                         "lower-case words joined by '-', e.g. one-based-labels")
+        elif value in seen:
+            self.problem(self.value_pos(mapping, key), f"{what} id '{value}' is given twice")
+        seen.add(value)
+        return value
 
     def build_match(self, rule: Rule) -> None:
         match = self.data.get("match")
@@ -344,8 +473,9 @@ class _Builder:
         patterns_broken = any("bad regex" in p.message for p in self.problems)
         known = self.captured_names(rule) | templates.CONTEXT_NAMES
         evidence_positions = list(getattr(self.data.get("evidence"), "item_positions", []))
-        for name, source in rule.template_fields().items():
+        for name, source in {**rule.template_fields(), **rule.cause_fields()}.items():
             key = name.split("[")[0]
+            label = name if key == "causes" else key  # "causes[1].when": which cause, which key
             start = self.value_pos(self.data, key)
             if key == "evidence" and evidence_positions:
                 start = evidence_positions[int(name[len("evidence[") : -1])]
@@ -353,11 +483,11 @@ class _Builder:
                 used = templates.check(source)
                 unsafe = templates.unsafe_uses(source)
             except templates.TemplateError as exc:
-                self.problem(start, f"'{key}': {exc}")
+                self.problem(start, f"'{label}': {exc}")
                 continue
             for reach in sorted(unsafe, key=lambda text: source.find(text)):
                 self.problem(self.locate(start, reach),
-                             f"'{key}' reaches for '{reach}', which the template sandbox refuses",
+                             f"'{label}' reaches for '{reach}', which the template sandbox refuses",
                              "templates may use only this rule's (?P<name>...) groups and: "
                              + ", ".join(sorted(templates.CONTEXT_NAMES)))
             if patterns_broken:
@@ -365,7 +495,7 @@ class _Builder:
             for unknown in sorted(used - known - set(unsafe)):
                 close = difflib.get_close_matches(unknown, sorted(known), n=1)
                 self.problem(self.locate(start, unknown),
-                             f"'{key}' uses '{unknown}', which no pattern of this rule captures",
+                             f"'{label}' uses '{unknown}', which no pattern of this rule captures",
                              f"did you mean '{close[0]}'?" if close else "name it in a (?P<name>...) group")
 
     def build_examples(self, rule: Rule) -> None:
@@ -391,7 +521,11 @@ class _Builder:
                     if not isinstance(values, dict):
                         self.problem(self.value_pos(item, "vars"), "'vars' must map names to expected values")
                         values = {}
-                    target.append(Example(item["log"], position.line, dict(values), position.col))
+                    cause = item.get("cause")
+                    if cause is not None and cause not in {c.id for c in rule.causes}:
+                        self.problem(self.value_pos(item, "cause"), f"example names cause '{cause}', which this rule "
+                                     "does not have", "one of: " + (", ".join(c.id for c in rule.causes) or "none"))
+                    target.append(Example(item["log"], position.line, dict(values), position.col, cause))
                 else:
                     self.problem(position, "an example is a log excerpt, or a mapping with 'log' and 'vars'")
 

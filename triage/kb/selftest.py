@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..logparse import parse_text
 from . import templates
 from .loader import KnowledgeBase
-from .matcher import diagnose, matches, template_context
+from .matcher import choose_cause, diagnose, matches, template_context
 from .rule import Example, Rule
 from .safe_regex import PatternTimeout
 
@@ -69,7 +69,16 @@ def _check_match(rule: Rule, example: Example, kb: KnowledgeBase) -> list[Exampl
             failures.append(ExampleFailure(rule.path, example.line, rule.id,
                                            f"expected {name}={expected!r}, extracted {got!r}", example.col))
     context = template_context(incident, incident.exception, incident.exception.user_frame() if incident.exception else None, values)
-    for field, source in rule.template_fields().items():
+    chosen = choose_cause(rule, context)
+    if example.cause is not None and (chosen is None or chosen.id != example.cause):
+        failures.append(ExampleFailure(rule.path, example.line, rule.id, f"expected cause {example.cause!r}, the log "
+                                       f"chose {chosen.id if chosen else 'none'!r}", example.col))
+    fields = rule.template_fields()
+    if chosen is not None:
+        n = rule.causes.index(chosen)
+        fields.update({name: source for name, source in rule.cause_fields().items()
+                       if name.startswith(f"causes[{n}].") and not name.endswith(".when")})
+    for field, source in fields.items():
         try:
             templates.render(source, context)
         except templates.TemplateError as exc:

@@ -36,7 +36,8 @@ from jinja2.visitor import NodeTransformer
 
 # Names every template may use besides the rule's own regex groups.
 CONTEXT_NAMES = frozenset(
-    {"exception", "frame", "side_frame", "location", "rank", "worker", "kind", "signal", "exit_code", "facts", "log_match"}
+    {"exception", "frame", "side_frame", "location", "rank", "worker", "kind", "signal", "exit_code", "facts", "log_match",
+     "probe", "source"}
 )
 
 
@@ -372,6 +373,22 @@ def render(source: str, values: dict[str, Any]) -> str:
     except Exception as exc:  # a filter given a bad value, a division by zero
         raise TemplateError(f"template failed: {type(exc).__name__}: {exc}") from None
     return text.strip()
+
+
+def condition_source(expression: str) -> str:
+    """A cause's `when` expression as the template `condition` renders (and rule validation checks)."""
+    return "{% if " + expression.strip() + " %}1{% endif %}"
+
+
+def condition(expression: str, values: dict[str, Any]) -> bool:
+    """Whether a cause's `when` holds. An undefined name (a fact the log or an experiment did not give) makes it
+    false: the cause is simply not chosen. Refusals by the sandbox propagate, as for any template."""
+    try:
+        return render(condition_source(expression), values) == "1"
+    except TemplateRefused:
+        raise
+    except TemplateError:
+        return False
 
 
 def _bounded_render(template: Any, values: dict[str, Any]) -> str:

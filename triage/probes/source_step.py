@@ -181,6 +181,26 @@ def _step_in(frame: types.FrameType, line: int) -> SourceStep:
     return SourceStep(filename, (statements[0].lineno, statements[-1].end_lineno), code, frame, reads)
 
 
+def loop_carried(frame: types.FrameType, line: int) -> tuple[list[str], list[int]]:
+    """For the innermost loop around `line` in `frame`'s function: the names its body reads before it rebinds them
+    (values carried from one iteration to the next, such as an RNN's hidden state), and the lines of the body's
+    `.backward(` calls. ([], []) when the line is in no loop or the source cannot be read."""
+    filename = frame.f_code.co_filename
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)), filename)
+    except (SyntaxError, ValueError):
+        return [], []
+    scope = _scope_of(tree, frame.f_code)
+    loop = _innermost_loop(scope, line) if scope is not None else None
+    if loop is None:
+        return [], []
+    reads, carried = _reads(loop.body)
+    backward = sorted({node.lineno for stmt in loop.body for node in _walk_scope(stmt)
+                       if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                       and node.func.attr == "backward"})
+    return [name for name in reads if name in carried], backward
+
+
 def _scope_of(tree: ast.Module, code: types.CodeType) -> ast.AST | None:
     """The function (or the module) whose code object `code` is."""
     if code.co_name == "<module>":

@@ -1,0 +1,212 @@
+"""Sub-hypotheses: a rule's causes, chosen by the log's evidence and again by the experiments' facts."""
+
+import textwrap
+
+import pytest
+
+from triage.diagnosis import Fix, ProbeResult
+from triage.kb import load_paths
+from triage.kb.matcher import diagnose, rechoose
+from triage.logparse import parse_text
+from triage.pipeline import choose_causes_again, diagnose_incident
+
+RULE = """\
+- id: team.label-out-of-range
+  category: index
+  title: Label {{ target }} is out of range
+  confidence: 0.8
+  match:
+    exception: IndexError
+    message: 'Target (?P<target>\\d+) is out of bounds'
+  hypothesis: The loss got label {{ target }}, beyond the model's classes.
+  fix: Make every label fit 0..C-1.
+  decide: Print target.min(), target.max() and logits.shape[1] before the loss.
+  causes:
+    - id: void-label
+      when: target|int == 255
+      confidence: 0.95
+      hypothesis: 255 is the void label of segmentation masks.
+      fix: Pass ignore_index=255 to the loss.
+    - id: one-based-labels
+      when: probe.index_range.target_min == 1 and probe.index_range.target_max == probe.index_range.classes
+      confidence: 0.93
+      hypothesis: >
+        Labels run 1..{{ probe.index_range.target_max }} with {{ probe.index_range.classes }} classes: they are 1-based.
+      fixes:
+        - id: shift-labels
+          text: Subtract 1 from the labels where the Dataset builds them.
+          trial: shift-labels
+        - id: resize-head
+          text: Give the last layer {{ probe.index_range.target_max + 1 }} outputs.
+          trial: resize-head
+  examples:
+    match:
+      - 'IndexError: Target 10 is out of bounds.'
+      - {log: 'IndexError: Target 255 is out of bounds.', cause: void-label}
+    no_match: ['IndexError: index out of range in self']
+"""
+
+
+def write(tmp_path, text, name="team.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def diagnosis_for(tmp_path, message, rule=RULE):
+    kb = load_paths([write(tmp_path, rule)])
+    assert kb.problems == []
+    [diagnosis] = diagnose(parse_text(message), kb)
+    return kb, diagnosis
+
+
+def test_the_log_s_evidence_chooses_a_cause(tmp_path):
+    _, diagnosis = diagnosis_for(tmp_path, "IndexError: Target 255 is out of bounds.\n")
+    assert diagnosis.cause == "team.label-out-of-range/void-label"
+    assert diagnosis.hypothesis == "255 is the void label of segmentation masks."
+    assert diagnosis.fix == "Pass ignore_index=255 to the loss."
+    assert diagnosis.fix_id == "void-label"
+    assert diagnosis.confidence == pytest.approx(0.95)
+    assert diagnosis.decide == ""
+
+
+def test_without_deciding_evidence_the_generic_text_says_what_would_decide(tmp_path):
+    _, diagnosis = diagnosis_for(tmp_path, "IndexError: Target 10 is out of bounds.\n")
+    assert diagnosis.cause == "team.label-out-of-range"  # no cause chosen: the rule's own id
+    assert diagnosis.hypothesis == "The loss got label 10, beyond the model's classes."
+    assert diagnosis.decide == "Print target.min(), target.max() and logits.shape[1] before the loss."
+    assert diagnosis.fix_id == "team.label-out-of-range"
+    assert diagnosis.confidence == pytest.approx(0.8)
+    as_json = diagnosis.to_dict()
+    assert as_json["cause"] == "team.label-out-of-range" and as_json["decide"].startswith("Print target.min()")
+
+
+def test_the_experiments_facts_choose_the_cause_again(tmp_path):
+    kb, diagnosis = diagnosis_for(tmp_path, "IndexError: Target 10 is out of bounds.\n")
+    diagnosis.probes.append(ProbeResult("index_range", "confirmed", "target 1..10 for 10 classes",
+                                        facts={"target_min": 1, "target_max": 10, "classes": 10}))
+    warnings = []
+    rechoose(diagnosis, kb.rules[0], warnings)
+    assert warnings == []
+    assert diagnosis.cause == "team.label-out-of-range/one-based-labels"
+    assert diagnosis.hypothesis == "Labels run 1..10 with 10 classes: they are 1-based."
+    assert [f.id for f in diagnosis.fixes] == ["shift-labels", "resize-head"]
+    assert diagnosis.fixes[1].text == "Give the last layer 11 outputs."
+    assert diagnosis.fixes[0].trial == "shift-labels"
+    assert diagnosis.fix == "Subtract 1 from the labels where the Dataset builds them."
+    assert diagnosis.decide == ""
+    assert diagnosis.to_dict()["fixes"][0] == {"id": "shift-labels", "text": diagnosis.fix, "trial": "shift-labels",
+                                               "verdict": None, "detail": ""}
+
+
+def test_facts_that_do_not_fit_leave_the_cause_undecided(tmp_path):
+    kb, diagnosis = diagnosis_for(tmp_path, "IndexError: Target 10 is out of bounds.\n")
+    diagnosis.probes.append(ProbeResult("index_range", "confirmed", "target 0..10 for 10 classes",
+                                        facts={"target_min": 0, "target_max": 10, "classes": 10}))
+    rechoose(diagnosis, kb.rules[0], [])
+    assert diagnosis.cause == "team.label-out-of-range"
+    assert diagnosis.decide
+
+
+def test_the_pipeline_chooses_again_after_the_experiments_and_reranks(tmp_path):
+    kb = load_paths([write(tmp_path, RULE)])
+    report = diagnose_incident(parse_text("IndexError: Target 10 is out of bounds.\n"), kb)
+    report.diagnoses[0].probes.append(ProbeResult("index_range", "confirmed", "",
+                                                  facts={"target_min": 1, "target_max": 10, "classes": 10}))
+    choose_causes_again(report, kb)
+    assert report.leading.cause == "team.label-out-of-range/one-based-labels"
+    assert report.leading.confidence == pytest.approx(0.93)
+
+
+def test_the_leading_fix_is_the_first_verified_else_the_first_not_failing():
+    from triage.diagnosis import Diagnosis
+
+    diagnosis = Diagnosis(rule="r.x", category="index", confidence=0.5, title="", hypothesis="", fix="")
+    assert diagnosis.fix_id == "r.x"
+    diagnosis.fixes = [Fix("a", "A"), Fix("b", "B"), Fix("c", "C")]
+    assert diagnosis.fix_id == "a"
+    diagnosis.fixes[0].verdict = "fails"
+    assert diagnosis.fix_id == "b"
+    diagnosis.fixes[2].verdict = "verified"
+    assert diagnosis.fix_id == "c"
+
+
+def test_a_fallback_cause_is_chosen_when_no_other_holds(tmp_path):
+    rule = RULE.replace("    - id: void-label\n      when: target|int == 255\n", "    - id: void-label\n")
+    _, diagnosis = diagnosis_for(tmp_path, "IndexError: Target 10 is out of bounds.\n", rule)
+    assert diagnosis.cause == "team.label-out-of-range/void-label"
+
+
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        (("- id: void-label", "- id: Void_Label"), "cause id 'Void_Label' is not a kebab-case slug"),
+        (("- id: one-based-labels", "- id: void-label"), "cause id 'void-label' is given twice"),
+        (("      when: target|int == 255\n", "      whenn: target|int == 255\n"), "unknown key 'whenn' in a cause"),
+        (("trial: shift-labels", "trial: shift-label"), "unknown fix trial 'shift-label'"),
+        (("when: target|int == 255", "when: target|int == == 255"), "'causes[0].when': template syntax error"),
+        (("when: target|int == 255", "when: tagret|int == 255"), "uses 'tagret', which no pattern of this rule captures"),
+        (("      fix: Pass ignore_index=255 to the loss.\n",
+          "      fix: Pass ignore_index=255 to the loss.\n      fixes: [{id: a, text: b}]\n"), "'fix' or 'fixes', not both"),
+        (("      when: probe.index_range.target_min == 1 and probe.index_range.target_max == probe.index_range.classes\n", ""),
+         None),
+    ],
+)
+def test_broken_causes_are_reported_with_their_place(tmp_path, edit, problem):
+    rule = RULE.replace(*edit)
+    assert rule != RULE
+    kb = load_paths([write(tmp_path, rule)])
+    if problem is None:  # two causes without `when`: only one may be the fallback
+        rule = rule.replace("    - id: void-label\n      when: target|int == 255\n", "    - id: void-label\n")
+        kb = load_paths([write(tmp_path, rule)])
+        problem = "causes void-label, one-based-labels have no 'when'"
+    messages = [p.message for p in kb.problems]
+    assert any(problem in m for m in messages), messages
+    assert all(p.line > 1 for p in kb.problems)
+
+
+def test_reports_show_what_would_decide_and_each_fix_s_verdict(tmp_path):
+    import io
+
+    from triage.render import to_markdown, to_terminal
+    from triage.render_html import to_html
+
+    kb = load_paths([write(tmp_path, RULE)])
+    report = diagnose_incident(parse_text("IndexError: Target 10 is out of bounds.\n"), kb)
+    for text in (to_markdown(report), to_html(report)):
+        assert "To decide" in text and "logits.shape[1]" in text
+    report.diagnoses[0].probes.append(ProbeResult("index_range", "confirmed", "",
+                                                  facts={"target_min": 1, "target_max": 10, "classes": 10}))
+    choose_causes_again(report, kb)
+    shift, resize = report.leading.fixes
+    shift.verdict, shift.detail = "fails", "now: IndexError: Target -1 is out of bounds."
+    resize.verdict, resize.detail = "verified", "with nn.Linear(64, 11) as fc the step runs and the loss is 2.4"
+    terminal = io.StringIO()
+    to_terminal(report, terminal, color="never", width=200)
+    for text in (to_markdown(report), terminal.getvalue(), to_html(report)):
+        assert "To decide" not in text
+        assert "Give the last layer 11 outputs. (fix verified: with nn.Linear(64, 11) as fc the step runs" in text
+        assert "tried: Subtract 1 from the labels where the Dataset builds them. (fails: now: IndexError" in text
+
+
+def test_rule_examples_check_the_cause_the_log_chooses(tmp_path):
+    from triage.kb.selftest import test_rules as run_examples
+
+    kb = load_paths([write(tmp_path, RULE)])
+    assert run_examples(kb)[1] == []
+    wrong = load_paths([write(tmp_path, RULE.replace("cause: void-label}", "cause: one-based-labels}"))])
+    [failure] = run_examples(wrong)[1]
+    assert "expected cause 'one-based-labels', the log chose 'void-label'" in str(failure)
+    unknown = load_paths([write(tmp_path, RULE.replace("cause: void-label}", "cause: off-by-one}"))])
+    assert any("example names cause 'off-by-one'" in p.message for p in unknown.problems)
+
+
+def test_rules_show_lists_the_causes_their_conditions_and_fix_trials(tmp_path, capsys):
+    from triage.rules_cli import main as rules_main
+
+    path = write(tmp_path, RULE)
+    assert rules_main(["--rules", str(path), "show", "team.label-out-of-range"]) == 0
+    out = capsys.readouterr().out
+    assert "team.label-out-of-range/void-label  when: target|int == 255" in out
+    assert "fixes: shift-labels [trial shift-labels], resize-head [trial resize-head]" in out
+    assert "undecided: Print target.min()" in out

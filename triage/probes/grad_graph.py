@@ -1,0 +1,234 @@
+"""grad_graph: find where an autograd failure's graph was cut, carried over, or left unreduced.
+
+- "does not require grad and does not have a grad_fn": the failing step is
+  replayed (its own statements, in the experiment's child) with a
+  TorchFunctionMode that notes the first op whose inputs require grad but whose
+  output does not: an op run with gradient tracking off (`torch.no_grad()`,
+  `inference_mode`, a `@torch.no_grad()` decorator: the source says which), or a
+  `.detach()` / `.item()` on the way to the loss. With no cut, frozen parameters.
+- "backward through the graph a second time": the failing loop's body is read for
+  names it reads before rebinding them (carried from the previous iteration, such
+  as an RNN's hidden state); one that holds a tensor with a grad_fn carries the
+  freed graph. Two `.backward(` calls in one body are the other cause.
+- "grad can be implicitly created only for scalar outputs": the shape of the
+  tensor backward() was called on.
+- "optimizer got an empty parameter list": the trainable parameters of the user's
+  modules in the failing frame (all frozen, or a consumed `parameters()` generator).
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import traceback
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from ..diagnosis import ProbeResult
+from . import source_step
+from ._support import Unavailable, innermost_user_frame, iter_tensors, result
+from .context import ProbeContext
+
+NAME = "grad_graph"
+_DETACHING = {"detach", "detach_", "item", "tolist", "numpy"}
+_GRAD_OFF = ("no_grad", "inference_mode", "set_grad_enabled")
+
+
+def grad_graph(ctx: ProbeContext) -> ProbeResult:
+    message = str(ctx.exception) if ctx.exception is not None else ""
+    if "does not require grad and does not have a grad_fn" in message:
+        return _graph_cut(ctx)
+    if "backward through the graph a second time" in message:
+        return _carried_graph(ctx)
+    if "implicitly created only for" in message:
+        return _non_scalar(ctx)
+    if "empty parameter list" in message:
+        return _empty_parameters(ctx)
+    return result(NAME, "skipped", "the failure is not one this experiment reads (no grad_fn, backward twice, "
+                  "non-scalar backward, empty parameter list)")
+
+
+# ------------------------------------------------------------------------------------------ graph cut
+
+
+@dataclass
+class Cut:
+    """An op whose inputs required grad and whose output does not."""
+
+    op: str
+    reason: str  # "grad mode off" or the detaching op's name
+    frame: traceback.FrameSummary | None
+
+
+class _CutRecorder(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cuts: list[Cut] = []
+
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if len(self.cuts) < 50 and _requires_grad(args, kwargs):
+            name = getattr(func, "__name__", str(func))
+            if name in _DETACHING:
+                self.cuts.append(Cut(name, f".{name}()", innermost_user_frame(traceback.extract_stack())))
+            elif not torch.is_grad_enabled() and not _requires_grad((out,), None):
+                self.cuts.append(Cut(name, "grad mode off", innermost_user_frame(traceback.extract_stack())))
+        return out
+
+
+def _requires_grad(args: Any, kwargs: Any) -> bool:
+    return any(t.requires_grad for _path, t in iter_tensors((args, kwargs or {})))
+
+
+def _graph_cut(ctx: ProbeContext) -> ProbeResult:
+    try:
+        step = source_step.find(ctx.frames)
+        namespace, modules = step.namespace()
+    except Unavailable as exc:
+        return result(NAME, "skipped", f"the failing step cannot be replayed: {exc}")
+    recorder = _CutRecorder()
+    try:
+        with recorder:
+            step.run(namespace)
+    except Exception:  # the same failure, expected: the cuts before it are the finding
+        pass
+    cuts = [c for c in recorder.cuts if c.frame is not None]
+    if cuts:
+        cut = cuts[-1] if cuts[-1].reason != "grad mode off" else next(c for c in cuts if c.reason == "grad mode off")
+        at = f"{cut.frame.filename}:{cut.frame.lineno} in {cut.frame.name}"
+        code = (cut.frame.line or "").strip()
+        if cut.reason == "grad mode off":
+            switch = _grad_switch(cut.frame.filename, cut.frame.lineno)
+            detail = (f"replaying {step.where}: `{code}` at {at} runs with gradient tracking off"
+                      + (f", {switch[0]}" if switch else "") + ", so what it returns has no grad_fn")
+            facts = {"cut_by": switch[1] if switch else "grad mode off", "switch_line": switch[2] if switch else None}
+        else:
+            detail = f"replaying {step.where}: `{code}` at {at} calls {cut.reason} on a tensor that needs its graph"
+            facts = {"cut_by": cut.op}
+        return result(NAME, "confirmed", detail, cut_at=at, cut_code=code, **facts)
+    frozen = [(label, m) for label, m in modules if _parameter_counts(m)[1] and not _parameter_counts(m)[0]]
+    if frozen:
+        label, module = frozen[0]
+        total = _parameter_counts(module)[1]
+        return result(NAME, "confirmed", f"every one of {label}'s {total} parameters has requires_grad=False: "
+                      "nothing in the loss can have a gradient", cut_by="frozen", frozen=label)
+    return result(NAME, "inconclusive", f"replaying {step.where}, no op cut the graph and the parameters train: "
+                  "the loss may be built from a new tensor (torch.tensor(...) of numbers)")
+
+
+def _grad_switch(filename: str, line: int) -> tuple[str, str, int] | None:
+    """What turned gradient tracking off around `filename:line`: ('its @torch.no_grad() decorator (line 13)',
+    'no_grad', 13), or an enclosing `with torch.no_grad():`; None when the source does not show it."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return None
+    found = None
+    for node in ast.walk(tree):
+        if not (getattr(node, "lineno", 0) <= line <= (getattr(node, "end_lineno", 0) or 0)):
+            continue
+        if isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                name = _switch_name(item.context_expr)
+                if name and (found is None or node.lineno > found[2]):
+                    found = (f"inside `with {ast.unparse(item.context_expr)}:` (line {node.lineno})", name, node.lineno)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for decorator in node.decorator_list:
+                name = _switch_name(decorator)
+                if name and (found is None or decorator.lineno > found[2]):
+                    found = (f"in {node.name}, under its @{ast.unparse(decorator)} decorator (line {decorator.lineno})",
+                             name, decorator.lineno)
+    return found
+
+
+def _switch_name(node: ast.AST) -> str | None:
+    text = ast.unparse(node)
+    return next((name for name in _GRAD_OFF if name in text), None)
+
+
+def _parameter_counts(module: nn.Module) -> tuple[int, int]:
+    params = list(module.parameters())
+    return sum(p.requires_grad for p in params), len(params)
+
+
+# ------------------------------------------------------------------------------------------ backward twice
+
+
+def _carried_graph(ctx: ProbeContext) -> ProbeResult:
+    for frame, line in reversed(source_step.user_frames(ctx.exception)):
+        carried, backward_lines = source_step.loop_carried(frame, line)
+        if not carried and not backward_lines:
+            continue
+        holding = [(name, t) for name in carried for _path, t in iter_tensors(frame.f_locals.get(name))
+                   if t.grad_fn is not None]
+        names = list(dict.fromkeys(name for name, _t in holding))
+        file = frame.f_code.co_filename
+        facts = {"carried_graph": names, "backward_lines": backward_lines, "loop_in": frame.f_code.co_name}
+        if names:
+            grad_fn = type(holding[0][1].grad_fn).__name__
+            return result(NAME, "confirmed", f"`{names[0]}` is carried from one iteration of the loop in "
+                          f"{frame.f_code.co_name} ({_short(file)}:{line}) to the next with its graph "
+                          f"(grad_fn={grad_fn}): each backward reaches into the previous iteration's graph, "
+                          "already freed", **facts)
+        if len(backward_lines) >= 2:
+            lines = ", ".join(str(n) for n in backward_lines)
+            return result(NAME, "confirmed", f"the loop in {frame.f_code.co_name} calls backward at lines {lines} "
+                          f"of {_short(file)}: the second backward walks the graph the first one freed", **facts)
+        return result(NAME, "inconclusive", f"no value carried across iterations of the loop in "
+                      f"{frame.f_code.co_name} holds a graph, and it calls backward once: a tensor with a graph "
+                      "made before the loop may be reused in it", **facts)
+    return result(NAME, "skipped", "the failing backward is in no loop of the user's code")
+
+
+def _short(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+# ------------------------------------------------------------------------------------------ non-scalar, empty
+
+
+def _non_scalar(ctx: ProbeContext) -> ProbeResult:
+    tensor = _torch_local(ctx, "_tensor.py", "backward", "self")
+    if not isinstance(tensor, torch.Tensor):
+        return result(NAME, "skipped", "the tensor backward() was called on is not on the failing stack")
+    shape = list(tensor.shape)
+    return result(NAME, "confirmed", f"backward() was called on a tensor of shape {shape} ({tensor.numel()} "
+                  "values), not a single number", shape=shape, numel=tensor.numel())
+
+
+def _torch_local(ctx: ProbeContext, filename: str, function: str, name: str) -> Any:
+    tb = ctx.exception.__traceback__ if ctx.exception is not None else None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == function and code.co_filename.replace("\\", "/").endswith("torch/" + filename):
+            return tb.tb_frame.f_locals.get(name)
+        tb = tb.tb_next
+    return None
+
+
+def _empty_parameters(ctx: ProbeContext) -> ProbeResult:
+    frames = source_step.user_frames(ctx.exception)
+    modules: dict[str, tuple[int, int]] = {}
+    for frame, _line in reversed(frames):
+        for label, value in frame.f_locals.items():
+            if isinstance(value, nn.Module) and not isinstance(value, types.ModuleType):
+                modules.setdefault(label, _parameter_counts(value))
+        if modules:
+            break
+    if not modules:
+        return result(NAME, "skipped", "no model in the frame that built the optimizer")
+    facts = {"modules": {label: {"trainable": t, "total": n} for label, (t, n) in modules.items()}}
+    label, (trainable, total) = max(modules.items(), key=lambda item: item[1][1])
+    if total and not trainable:
+        return result(NAME, "confirmed", f"all {total} parameters of {label} have requires_grad=False, so a "
+                      "filter on requires_grad leaves the optimizer nothing", cause="all-frozen", **facts)
+    if trainable:
+        return result(NAME, "confirmed", f"{label} has {trainable} trainable parameters, yet the optimizer got none: "
+                      "the iterator `parameters()` returns was used up before the optimizer read it",
+                      cause="consumed-iterator", **facts)
+    return result(NAME, "confirmed", f"{label} has no parameters at all", cause="no-parameters", **facts)
