@@ -210,3 +210,23 @@ def test_rules_show_lists_the_causes_their_conditions_and_fix_trials(tmp_path, c
     assert "team.label-out-of-range/void-label  when: target|int == 255" in out
     assert "fixes: shift-labels [trial shift-labels], resize-head [trial resize-head]" in out
     assert "undecided: Print target.min()" in out
+
+
+def test_a_string_argument_is_data_not_a_reach_for_a_private_name(tmp_path):
+    rule = RULE.replace("when: target|int == 255", "when: exception.message.split('_')|length > 1 or target|int == 255")
+    kb = load_paths([write(tmp_path, rule)])
+    assert kb.problems == []
+    refused = RULE.replace("when: target|int == 255", "when: exception|attr('__class__')")
+    assert any("'__class__'" in p.message for p in load_paths([write(tmp_path, refused)]).problems)
+
+
+def test_a_cause_whose_text_cannot_be_rendered_gives_way_to_the_rule_s_own(tmp_path):
+    rule = RULE.replace("hypothesis: 255 is the void label of segmentation masks.",
+                        "hypothesis: 255 is void in {{ probe.index_range.classes }} classes.")
+    kb = load_paths([write(tmp_path, rule)])
+    warnings = []
+    [diagnosis] = diagnose(parse_text("IndexError: Target 255 is out of bounds.\n"), kb, warnings)
+    assert diagnosis.cause == "team.label-out-of-range"
+    assert diagnosis.hypothesis == "The loss got label 255, beyond the model's classes."
+    assert "{{" not in diagnosis.hypothesis + diagnosis.fix and diagnosis.decide
+    assert any("causes[0].hypothesis" in w for w in warnings)

@@ -46,12 +46,22 @@ def test_ten_65kb_whitespace_lines_are_explained_in_under_two_seconds(kb, tmp_pa
     assert _explain_seconds(("loss" + " " * LINE + "loss\n") * 10, kb, tmp_path) < 2.0
 
 
+def test_ten_65kb_lines_beside_a_python_error_are_explained_in_under_two_seconds(kb, tmp_path):
+    # A Python error leads, so explain also searches every other line for a known PyTorch message.
+    python_error = 'Traceback (most recent call last):\n  File "t.py", line 1, in <module>\n    d["x"]\nKeyError: \'x\'\n'
+    assert _explain_seconds(("loss" + " " * LINE + "loss\n") * 10 + python_error, kb, tmp_path) < 2.0
+
+
 # Each prefix puts a line on the path of one of the parser's patterns (frames, IPython, pdb, rich, loggers,
 # ranks, exception lines); each body repeats what that pattern's quantifiers could match in more than one way.
 _PREFIXES = ["", "> ", "│ ", 'File "a", line 1, in f', "Input In [1], in f", "RuntimeError: ", "loss", "2024-01-01 00:00:00 ",
              "[rank0]: ", "E1105 12:34:56.789 ", "~/a in f(", "Cell In[1], line 1, in ", "-> 1 ", "│ ❱ 1 ", "> /a.py(1)f",
-             "╭─ Traceback (most recent call last) ", "0: ", "a.cu:1: ", "Exception has occurred: RuntimeError", "ERROR:root:"]  # fmt: skip
-_BODIES = [" ", "loss ", "a", "a.", ")", "(1)", ":1 in a", "─", "\t", "nan ", "Error: ", "1", "] ", "`", 'File "a", line 1, in f ']
+             "╭─ Traceback (most recent call last) ", "0: ", "a.cu:1: ", "Exception has occurred: RuntimeError", "ERROR:root:",
+             "RuntimeError :", "RuntimeError:", "failed: RuntimeError('", "ERROR - sacred - ", "A.A.A.Error :",
+             "Traceback (most recent call first): ", "12 ", "[1743] ", "&lt;", "    Traceback (most recent call last):",
+             "Good luck!/a.py:1: UserWarning: "]  # fmt: skip
+_BODIES = [" ", "loss ", "a", "a.", ")", "(1)", ":1 in a", "─", "\t", "nan ", "Error: ", "1", "] ", "`", 'File "a", line 1, in f ',
+           "./", "!/a.py:1: UserWarning: "]
 
 
 @pytest.mark.parametrize("prefix", _PREFIXES)

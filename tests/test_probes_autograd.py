@@ -63,7 +63,7 @@ def test_frozen_parameters_are_named_when_no_op_cut_the_graph():
     model.requires_grad_(False)
     outcome = _probe(raised(train_detached_free, model))
     assert outcome.status == "confirmed", outcome.detail
-    assert outcome.facts["cut_by"] == "frozen" and "every one of model's 2 parameters" in outcome.detail
+    assert outcome.facts["cut_by"] == "frozen" and "every one of model's 2 parameter tensors" in outcome.detail
 
 
 def train_detached_free(model):
@@ -128,6 +128,6 @@ def build_consumed_optimizer():
 
 def test_an_empty_parameter_list_tells_frozen_parameters_from_a_consumed_iterator():
     frozen = _probe(raised(build_frozen_optimizer))
-    assert frozen.facts["cause"] == "all-frozen" and "all 4 parameters of model" in frozen.detail
+    assert frozen.facts["cause"] == "all-frozen" and "all 4 parameter tensors of model" in frozen.detail
     consumed = _probe(raised(build_consumed_optimizer))
-    assert consumed.facts["cause"] == "consumed-iterator" and "2 trainable parameters" in consumed.detail
+    assert consumed.facts["cause"] == "consumed-iterator" and "2 trainable parameter tensors" in consumed.detail

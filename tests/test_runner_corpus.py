@@ -99,9 +99,13 @@ def test_script(outcomes, name: str) -> None:
     assert report["diagnoses"], f"no rule matched {name}"
     leading = report["diagnoses"][0]
     verified = {fix["id"] for fix in leading["fixes"] if fix["verdict"] == "verified"}
+    # What the diagnosis states, as `triage eval` reads it: its texts and its experiments' results.
+    text = " ".join([leading["title"], leading["hypothesis"], leading["fix"], *leading["evidence"],
+                     *(probe["detail"] for probe in leading["probes"])])
     as_labelled = (leading["category"] == spec["category"] and leading["rule"] == spec.get("rule", leading["rule"])
                    and leading["cause"] == spec.get("cause_id", leading["cause"])
-                   and spec.get("fix_id", leading["fix_id"]) in {leading["fix_id"], *verified})
+                   and spec.get("fix_id", leading["fix_id"]) in {leading["fix_id"], *verified}
+                   and all(fact in text for fact in spec.get("facts", [])))
     if spec.get("known_issue") and not as_labelled:
         pytest.xfail(spec["known_issue"])
     assert leading["category"] == spec["category"]
@@ -111,8 +115,5 @@ def test_script(outcomes, name: str) -> None:
         assert leading["cause"] == spec["cause_id"], leading["hypothesis"]
     if spec.get("fix_id"):
         assert spec["fix_id"] in {leading["fix_id"], *verified}, leading["fixes"]
-    # What the diagnosis states, as `triage eval` reads it: its texts and its experiments' results.
-    text = " ".join([leading["title"], leading["hypothesis"], leading["fix"], *leading["evidence"],
-                     *(probe["detail"] for probe in leading["probes"])])
     for fact in spec.get("facts", []):
         assert fact in text, f"{fact!r} not in the leading diagnosis of {name}"

@@ -10,6 +10,8 @@ from .logparse import adopt_known_message, parse_log
 from .logread import read_log
 from .pipeline import triage_incident
 
+PYTHON_CATEGORY = "python"
+
 
 def explain_log(path: str | None, kb: KnowledgeBase) -> Report:
     """Diagnose the log at `path` (standard input for None or '-'); raises LogReadError if unreadable."""
@@ -21,20 +23,31 @@ def explain_log(path: str | None, kb: KnowledgeBase) -> Report:
     if job is not None:
         return triage_incident(job, kb, source="log")
     typed = incident.exception is not None and incident.exception.type and incident.exception.message
-    if not typed and not diagnose(incident, kb, []):
+    # A pattern that times out here is disabled for the run: its warning must still reach the report.
+    warnings: list[str] = []
+    leading = diagnose(incident, kb, warnings)
+    if not typed and not leading:
         # No exception line and no log-line rule: a known message pasted without its type still names the failure.
         adopt_known_message(incident, _known_message_finder(kb))
-    return triage_incident(incident, kb, source="log")
+    elif typed and (not leading or leading[0].category == PYTHON_CATEGORY):
+        # A Python error (or none a rule knows) leads, but a PyTorch message sits on another line: a wrapper's
+        # error, an echo, or prose around the paste. The PyTorch message is the failure to explain.
+        adopt_known_message(incident, _known_message_finder(kb, pytorch_only=True), beside=True)
+    report = triage_incident(incident, kb, source="log", warnings=warnings)
+    report.warnings = list(dict.fromkeys(report.warnings))  # matched twice: a rule's warning is still one line
+    return report
 
 
-def _known_message_finder(kb: KnowledgeBase):
+def _known_message_finder(kb: KnowledgeBase, pytorch_only: bool = False):
     """Where the earliest message a rule knows starts in a text, and the exception type it is raised as.
 
     Only exact PyTorch wordings count: keyword patterns, catch-alls (a backend's `[^\\n]+`) and `*.generic`
-    rules would read any line that mentions a worker or a device as an error.
+    rules would read any line that mentions a worker or a device as an error. With `pytorch_only`, the
+    messages of Python rules (`No such file or directory`) do not count either.
     """
     known = [(pattern, rule.exception_types[0].rsplit(".", 1)[-1] if rule.exception_types else "")
              for rule in kb.rules if not rule.id.endswith(".generic")
+             and not (pytorch_only and rule.category == PYTHON_CATEGORY)
              for pattern in rule.messages if not _matches_ordinary_lines(pattern)]
 
     def find(text: str) -> tuple[str, int] | None:

@@ -32,10 +32,16 @@ MAX_NESTING = 3
 LOG_LINES_TAIL = 200
 LOG_LINES_NOTABLE = 200
 
-_TRACEBACK_HEAD = re.compile(r"\s*(?:Original )?Traceback \(most recent call last\):?\s*$")
+# Python's header; sacred's "(most recent calls WITHOUT Sacred internals)"; a paste that says it runs innermost first.
+_TRACEBACK_HEAD = re.compile(
+    r"\s*(?:Original )?Traceback \(most recent (?:call last|calls WITHOUT Sacred internals|call first)\):?\s*$"
+)
+_INNERMOST_FIRST = "(most recent call first)"
 _RICH_HEAD = re.compile(r"╭─+ Traceback \(most recent call last\) ─+╮")
 # Numbers are at most 9 digits: a hostile 65 KB run of digits would otherwise reach int() and overflow its limit.
-_RICH_FRAME = re.compile(r"(?P<file>[^\s│╭╰].*?):(?P<line>\d{1,9}) in ?(?P<func>[\w.<>]*)$")
+_RICH_FRAME = re.compile(r"(?P<file>[^\s│╭╰].*?):(?P<line>\d{1,9})(?: in ?(?P<func>[\w.<>]*))?$")
+# How far into a box pasted without its header the first frame header may be.
+RICH_HEADERLESS_LOOKAHEAD = 40
 _RICH_ARROW = re.compile(r"❱\s*\d+\s*(?:│\s*)*(?P<code>.*)$")
 _IPYTHON_HEAD = re.compile(r"(?P<type>[A-Za-z_][\w.]*)\s{2,}Traceback \(most recent call last\)")
 _VSCODE_HEAD = re.compile(r"Exception has occurred: (?P<type>[A-Za-z_][\w.]*)\s*$")
@@ -77,6 +83,10 @@ _ERROR_IN_LINE = re.compile(
     r"(?<![A-Za-z0-9_.])(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*(?:Error|Exception|Interrupt|Failure))"
     r": (?P<msg>\S.*)"
 )
+# An exception shown as its repr, as frameworks log a caught one: `RuntimeError('CUDA error: ...')`.
+_ERROR_REPR = re.compile(
+    r"(?<![A-Za-z0-9_.])(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*(?:Error|Exception))\((?P<quote>['\"])(?P<msg>[^'\"\n]{1,4000})(?P=quote),?\)"
+)
 _CLOSING = {"`": "`", '"': '"', "'": "'", "“": "”", "(": ")"}
 
 
@@ -91,7 +101,9 @@ def _inside_quotes(text: str, start: int) -> str:
 # Colab folds library frames into a line "4 frames"; the traceback goes on after it.
 _FOLDED_FRAMES = re.compile(r"\d+ frames?")
 # A traceback cut off before its exception line, whose last frame raises a literal message.
-_RAISE_LITERAL = re.compile(r"raise (?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)\((?P<quote>[\"'])(?P<msg>[^\"']+)(?P=quote)?")
+_RAISE_LITERAL = re.compile(r"raise (?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*)\([fFrRbBuU]{0,2}(?P<quote>[\"'])(?P<msg>[^\"']+)(?P=quote)?")
+# Lines a paster puts where frames were left out.
+_ELISIONS = ("...", "…", "[...]", "(...)")
 
 _WIDE_BLANKS = re.compile(r"[ \t]{64,}")
 
@@ -143,6 +155,8 @@ class _Stream:
     exceptions: list[ExceptionInfo] = field(default_factory=list)
     context: list[LogLine] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Anomaly forward traces no exception followed: a frameless error line may own them (printed before them).
+    orphan_sides: list["_SideStack"] = field(default_factory=list)
 
 
 @dataclass
@@ -192,6 +206,8 @@ class _TracebackScanner:
         # The exception added last and the log line its message ended on (for Dynamo's "from user code:").
         self.last_added: ExceptionInfo | None = None
         self.last_end = 0
+        # The rank an `mp.spawn` wrapper named for the child's traceback that follows it.
+        self.pending_rank: int | None = None
 
     def scan(self) -> None:
         lines, i = self.lines, 0
@@ -208,9 +224,19 @@ class _TracebackScanner:
             if "Traceback" in text and text.startswith("╭") and _RICH_HEAD.match(text):
                 i = self._read_rich_traceback(i + 1)
                 continue
+            if text.startswith("│") and self._starts_rich_frames(i):
+                # rich's box pasted from its middle: its header line and first frames were left out.
+                i = self._read_rich_traceback(i)
+                continue
             if "Traceback" in text and (_TRACEBACK_HEAD.match(text) or _IPYTHON_HEAD.match(text)):
                 ipython = _IPYTHON_HEAD.match(text)
-                i = self._read_traceback(i + 1, preset_type=ipython.group("type") if ipython else None)
+                added = len(self.stream.exceptions)
+                # `^CTraceback`: the user pressed Ctrl-C; cut before its last line, it still was a KeyboardInterrupt.
+                interrupted = i > 0 and lines[i - 1].number == lines[i].number and lines[i - 1].text.strip() == "^C"
+                preset = ipython.group("type") if ipython else "KeyboardInterrupt" if interrupted else None
+                i = self._read_traceback(i + 1, preset_type=preset, innermost_first=_INNERMOST_FIRST in text)
+                if text.lstrip().startswith("Original") and len(self.stream.exceptions) > added:
+                    self._name_worker_from_caught_line(self.stream.exceptions[added])
                 continue
             if text.startswith("Exception has occurred"):
                 vscode = _VSCODE_HEAD.match(text)
@@ -225,6 +251,13 @@ class _TracebackScanner:
                 # An IPython traceback pasted without its header line.
                 i = self._read_traceback(i)
                 continue
+            spawned = _SPAWNED_PROCESS.search(text) if text.startswith("-- Process") else None
+            last = self.last_added
+            if spawned and last is not None and not last.message and lines[i].number - self.last_end <= 2:
+                # torch < 1.8's mp.spawn raised a bare `Exception` whose message (the child's traceback) follows a
+                # blank line: that exception only wraps the child's, which comes next.
+                last.wrapper = True
+                self.pending_rank = int(spawned.group("rank"))
             if _CAUSE in text:
                 self.pending_link = "cause"
             elif _CONTEXT in text:
@@ -234,7 +267,17 @@ class _TracebackScanner:
             i += 1
         if self.pending_side is not None:
             self.stream.context.extend(self.pending_side.lines)
+            self.stream.orphan_sides.append(self.pending_side)
             self.pending_side = None
+
+    def _starts_rich_frames(self, i: int) -> bool:
+        """A run of `│ ... │` box lines with a rich frame header (`│ path:line in func │`) among its first."""
+        for j in range(i, min(i + RICH_HEADERLESS_LOOKAHEAD, len(self.lines))):
+            if not self.lines[j].text.startswith("│"):
+                return False
+            if _rich_header(self.lines, j):
+                return True
+        return False
 
     def _starts_ipython_frames(self, i: int) -> bool:
         """An IPython frame header (`path in func(...)`, `File path:N, in func`) followed by its numbered code."""
@@ -276,13 +319,34 @@ class _TracebackScanner:
             i += 1
         return self._read_traceback(i, preset_type=exc_type, preset_message="\n".join(message))
 
-    def _read_traceback(self, i: int, preset_type: str | None = None, preset_message: str = "") -> int:
+    def _name_worker_from_caught_line(self, exc: ExceptionInfo) -> None:
+        """A worker's "Original Traceback" pasted after the outer error line but read on its own (the paste
+        starts at `KeyError: Caught KeyError in DataLoader worker process 0.`): that line is the wrapper, as
+        when the main process's traceback is pasted too, and the worker is the one it names."""
+        for line in reversed(self.stream.context[-3:]):
+            worker = _WORKER.search(line.text) if "DataLoader worker" in line.text else None
+            caught = _BARE_ERROR_LINE.match(line.text.strip()) if worker else None
+            if caught and exc.worker is None:
+                exc.worker = int(worker.group("worker"))
+                wrapper = ExceptionInfo(caught.group("type"), caught.group("msg") or "", [], rank=line.rank,
+                                        line_no=line.number)
+                wrapper.wrapper = True
+                self.stream.context.remove(line)
+                self.stream.exceptions.insert(self.stream.exceptions.index(exc), wrapper)
+                return
+
+    def _read_traceback(
+        self, i: int, preset_type: str | None = None, preset_message: str = "", innermost_first: bool = False
+    ) -> int:
         lines = self.lines
         head: list[Frame] = []
         tail: deque[Frame] = deque(maxlen=MAX_FRAMES_TAIL)
         omitted = 0
         frame: Frame | None = None
         start_number = lines[i - 1].number if i > 0 else (lines[0].number if lines else 0)
+        # A whole traceback pasted indented (a quote block, a list item): its error line is as indented as its header.
+        header = lines[i - 1].text if i > 0 and "Traceback" in lines[i - 1].text else ""
+        base_indent = len(header) - len(header.lstrip()) if header else 0
 
         def push(new: Frame) -> Frame:
             nonlocal omitted
@@ -302,8 +366,8 @@ class _TracebackScanner:
                 frame = push(_frame(match.group("file"), match.group("line"), match.group("func") or "<module>"))
                 i += 1
                 continue
-            if not stripped or _FOLDED_FRAMES.fullmatch(stripped):
-                i += 1
+            if not stripped or _FOLDED_FRAMES.fullmatch(stripped) or stripped in _ELISIONS:
+                i += 1  # blank, Colab's "4 frames", or frames the paster left out ("...")
                 continue
             ipy_frame = _ipython_frame(text)
             if ipy_frame is not None:
@@ -313,6 +377,8 @@ class _TracebackScanner:
             if frame is not None and text[0] in " \t-":
                 if lines[i].record_start and frame.code is not None and _EXCEPTION_LINE.match(stripped):
                     break  # a logger's padding indents the exception line too
+                if base_indent and len(text) - len(text.lstrip()) <= base_indent and _EXCEPTION_LINE.match(stripped):
+                    break  # the error line of a traceback pasted indented as a whole
                 arrow = _IPY_ARROW.match(stripped) if text[0] == "-" or stripped.startswith("-") else None
                 if arrow:
                     frame.line = frame.line or int(arrow.group("line"))
@@ -323,12 +389,22 @@ class _TracebackScanner:
                     frame.code = stripped
                 i += 1
                 continue
-            if text[0] in " \t" and (stripped == "..." or _CARETS.match(text) or _IPY_CONTEXT_LINE.match(text)):
+            if text[0] in " \t" and (_CARETS.match(text) or _IPY_CONTEXT_LINE.match(text)):
+                i += 1
+                continue
+            if frame is not None and frame.code is None and _FRAME.match(lines[i - 1].text) and _is_flat_code(text):
+                # A paste that lost its indentation: the frame's code line sits flush under its `File` line.
+                frame.code = stripped
                 i += 1
                 continue
             break
 
-        return self._finish(i, head + list(tail), omitted, start_number, preset_type, preset_message)
+        frames = head + list(tail)
+        if innermost_first or _pasted_innermost_first(frames):
+            frames.reverse()
+            self.stream.notes.append(f"the traceback at line {start_number} lists its frames innermost first;"
+                                     " read in Python's order")
+        return self._finish(i, frames, omitted, start_number, preset_type, preset_message)
 
     def _read_rich_traceback(self, i: int) -> int:
         """rich's boxed traceback (Lightning CLI, typer): `│ path:line in func │` frames, `❱ N │ code` lines."""
@@ -343,13 +419,13 @@ class _TracebackScanner:
             if not text.startswith("│"):
                 break
             inner = text[1:].rstrip().removesuffix("│").strip()
-            header = _RICH_FRAME.match(inner)
+            header = _rich_header(lines, i)
             if header:
                 function = header.group("func")
                 if not function and i + 1 < len(lines):
-                    # A long header wraps: the function name is alone on the next line.
+                    # A long header wraps: the function name (with or without its `in `) is alone on the next line.
                     i += 1
-                    function = lines[i].text[1:].rstrip().removesuffix("│").strip()
+                    function = lines[i].text[1:].rstrip().removesuffix("│").strip().removeprefix("in ").strip()
                 frames.append(_frame(header.group("file"), header.group("line"), function or "<unknown>"))
             elif inner.startswith("❱") and frames:
                 arrow = _RICH_ARROW.match(inner)
@@ -364,8 +440,9 @@ class _TracebackScanner:
     ) -> int:
         """Read the exception line and its message after a traceback's frames."""
         lines = self.lines
-        if i < len(lines) and lines[i].record_start:
-            lines[i] = LogLine(lines[i].text.lstrip(), lines[i].number, lines[i].rank, True)
+        if i < len(lines) and (lines[i].record_start or (lines[i].text[:1] in " \t"
+                                                          and _EXCEPTION_LINE.match(lines[i].text.lstrip()))):
+            lines[i] = LogLine(lines[i].text.lstrip(), lines[i].number, lines[i].rank, lines[i].record_start)
         if i < len(lines) and not _EXCEPTION_LINE.match(lines[i].text):
             # The error line with a prefix in front (`actual error: `, a quote mark, the code it was glued to).
             inside = _ERROR_IN_LINE.search(lines[i].text)
@@ -386,7 +463,7 @@ class _TracebackScanner:
             elif frames:
                 # Cut off before the exception line: keep the frames, say so.
                 self._add(ExceptionInfo("", "", frames, line_no=start_number), omitted, end_number)
-                self.stream.notes.append(f"a traceback at line {start_number} is cut off before its exception line")
+                self.stream.notes.append(_cut_off_note(start_number))
             return i
 
         match = _EXCEPTION_LINE.match(lines[i].text)
@@ -394,6 +471,7 @@ class _TracebackScanner:
         # Where every line carries a timestamp, a new record does not end the message.
         every_line_stamped = lines[i].record_start
         message_lines = [match.group("msg") or ""]
+        nested = "Traceback (most recent call last)" in message_lines[0]  # torch 0.x: the worker's traceback follows
         i += 1
         size = len(message_lines[0])
         while i < len(lines) and len(message_lines) < MAX_MESSAGE_LINES and size < MAX_MESSAGE_CHARS:
@@ -407,6 +485,10 @@ class _TracebackScanner:
                 break
             if _NOT_MESSAGE.match(text):
                 break  # a CUDA kernel's assertion or an NCCL line printed right after the error
+            if 'File "' in text and _FRAME.match(text) and not nested:
+                break  # another traceback's frames interleaved with this one (a spawned child and its parent)
+            # A nested traceback (a worker's, torch 0.x's) or Dynamo's "from user code:" block keeps its frames.
+            nested = nested or "Traceback (most recent call last)" in text or _USER_CODE_HEAD in text
             message_lines.append(text)
             size += len(text)
             i += 1
@@ -431,6 +513,8 @@ class _TracebackScanner:
             exc.side_label, exc.side_frames = side_stack_in_text(exc.message)
         self.last_added, self.last_end = exc, end_number
         exc.rank = self.lines[0].rank if self.lines else None
+        if self.pending_rank is not None and not exc.wrapper:
+            exc.rank, self.pending_rank = self.pending_rank, None
         if omitted:
             self.stream.notes.append(f"{exc.type or 'a traceback'}: {omitted} frames not shown")
         self.stream.exceptions.append(exc)
@@ -505,18 +589,27 @@ def side_stack_in_text(text: str) -> tuple[str, list[Frame]]:
     return "", []
 
 
-def adopt_known_message(incident: Incident, recognise: Callable[[str], tuple[str, int] | None]) -> bool:
+def adopt_known_message(
+    incident: Incident, recognise: Callable[[str], tuple[str, int] | None], beside: bool = False
+) -> bool:
     """For a log that held no exception line: the first message `recognise` knows becomes its exception.
 
     Real pastes drop the exception type (`Expected all tensors to be on the same device...`), quote or
     indent the message, or put it mid-sentence. `recognise(text)` returns the exception type that message
     is raised as and where in `text` it starts (the knowledge base's message patterns know both), or None.
     The exception's message runs from the start of that line to the next blank line.
+
+    With `beside`, the log has an exception, but a Python one no PyTorch rule explains: a known message
+    on another line (or in another exception's message) becomes the root, the Python error stays listed.
     """
-    if any(exc.type and exc.message for exc in incident.exceptions):
+    if not beside and any(exc.type and exc.message for exc in incident.exceptions):
         return False
+    root = incident.exception
+    # A wrapper's message ("Caught KeyError in DataLoader worker process 0") only points at the root.
+    others = [exc.message for exc in incident.exceptions if beside and exc is not root and exc.message
+              and not exc.wrapper and exc.short_type not in _WRAPPER_TYPES]
     # No message needs a run of 64 blanks; collapsing them keeps every pattern's search short on padded lines.
-    lines = [_WIDE_BLANKS.sub(" ", line) for line in incident.log_lines]
+    lines = [_WIDE_BLANKS.sub(" ", line) for line in [*incident.log_lines, *"\n\n".join(others).split("\n")]]
     text = "\n".join(lines)
     found = recognise(text)
     if found is None:
@@ -530,7 +623,6 @@ def adopt_known_message(incident: Incident, recognise: Callable[[str], tuple[str
         block.append(line)
     message = "\n".join(block)
     cut = start - (text.rfind("\n", 0, start) + 1)  # what came before the message on its line: a prompt, prose
-    root = incident.exception
     if root is not None and root.type and not root.message and exc_type in ("", root.short_type):
         # A traceback whose message was printed apart from it (a notebook's JSON, a cut paste): join them.
         root.message = message[cut:].strip()
@@ -539,11 +631,64 @@ def adopt_known_message(incident: Incident, recognise: Callable[[str], tuple[str
         exc = ExceptionInfo(exc_type, message[cut:].strip(), [], line_no=None)
         incident.exceptions.append(exc)
         incident.exception = exc
-    incident.notes.append(f"no exception line; read the known message {message[cut:][:60]!r} as a {exc.type or 'error'}")
+    if beside:
+        incident.notes.append(f"{root.type if root else 'the error'} is not a PyTorch error; the log's PyTorch message"
+                              f" {message[cut:][:60]!r} is read as the failure")
+    else:
+        incident.notes.append(f"no exception line; read the known message {message[cut:][:60]!r}"
+                              f" as a {exc.type or 'error'}")
     return True
 
 
+def _rich_header(lines: list[LogLine], i: int) -> re.Match[str] | None:
+    """The frame header on box line `i`: `path:line in func`, or `path:line` with `in func` alone on the next line."""
+    inner = lines[i].text[1:].rstrip().removesuffix("│").strip()
+    if ":" not in inner:
+        return None
+    header = _RICH_FRAME.match(inner)
+    if header is None or header.group("func") is not None:
+        return header
+    following = lines[i + 1].text[1:].strip() if i + 1 < len(lines) and lines[i + 1].text.startswith("│") else ""
+    return header if following.startswith("in ") else None
+
+
+def _is_flat_code(text: str) -> bool:
+    """Whether a line flush against the margin inside a traceback is a frame's code, not what ends the frames."""
+    stripped = text.strip()
+    return not (_EXCEPTION_LINE.match(stripped) or _BARE_ERROR_LINE.match(stripped) or "Traceback" in stripped
+                or _CAUSE in stripped or _CONTEXT in stripped or _ERROR_IN_LINE.search(stripped))
+
+
+def _pasted_innermost_first(frames: list[Frame]) -> bool:
+    """Frames pasted in reverse: the script's `<module>` frame, always the outermost, comes last.
+
+    Only when nothing else explains a final `<module>` frame: it is the traceback's only `<module>` frame,
+    the first frame is library code, the last is the user's, and its code is not an import (a module that
+    fails while it is imported puts its `<module>` frame last in Python's own order).
+    """
+    if len(frames) < 2 or frames[-1].function != "<module>" or not frames[-1].user or frames[0].user:
+        return False
+    if (frames[-1].code or "").startswith(("import ", "from ")):
+        return False  # an import that failed at module level: the `<module>` frame really is the innermost
+    return sum(frame.function == "<module>" for frame in frames) == 1
+
+
+def _is_spawn_echo(exc: ExceptionInfo) -> bool:
+    """A spawned child that died unpickling what its parent sent (`EOFError: Ran out of input` in
+    multiprocessing's spawn bootstrap): the echo of the parent's own error, printed beside it on Windows."""
+    if exc.short_type != "EOFError":
+        return False  # a child's own failure (`Can't get attribute 'X' on <module '__main__'>`) is the cause
+    return any(frame.function in ("spawn_main", "_main")
+               and frame.file.replace("\\", "/").endswith("multiprocessing/spawn.py") for frame in exc.frames[-3:])
+
+
+# A path a terminal wrapped and the paste joined with the padding of the wrapped line (`.../dataload      er.py`).
+_WRAP_GAP = re.compile(r" {8,}")
+
+
 def _frame(file: str, line: str | None, function: str) -> Frame:
+    if "        " in file:
+        file = _WRAP_GAP.sub("", file)
     return Frame(file=file, line=int(line) if line else None, function=function.strip(), user=is_user_path(file))
 
 
@@ -574,7 +719,13 @@ def _assemble(streams: list[_Stream]) -> Incident:
         # No exception line read after a traceback (none, or only tracebacks cut off by a wrapped paste):
         # an error line elsewhere in the log is the failure.
         exceptions = sorted(exceptions + _bare_errors(context), key=lambda e: e.line_no or 0)
+    exceptions, joined, whole = _join_split_errors(exceptions)
+    # A traceback joined with its error line was not cut off after all.
+    notes = [note for note in notes if not any(note == _cut_off_note(start) for start in whole)] + joined
+    _adopt_orphan_forward_traces(exceptions, [side for s in streams for side in s.orphan_sides])
     candidates = [e for e in exceptions if not e.wrapper and e.short_type not in _WRAPPER_TYPES and e.type]
+    if any(not _is_spawn_echo(e) for e in candidates):
+        candidates = [e for e in candidates if not _is_spawn_echo(e)]
     root = candidates[0] if candidates else (exceptions[0] if exceptions else None)
 
     # torchrun's failure summary is the launcher's log output, though printed as an exception message.
@@ -590,6 +741,52 @@ def _assemble(streams: list[_Stream]) -> Incident:
     elif root is None and incident.signal is None and any(_says_nan(line.text) for line in context):
         incident.kind = "nan"
     return incident
+
+
+def _adopt_orphan_forward_traces(exceptions: list[ExceptionInfo], sides: list[_SideStack]) -> None:
+    """An anomaly-mode forward trace printed just after an error line with no traceback (a notebook flushes
+    stderr out of order) belongs to that error."""
+    for side in sides:
+        start = side.lines[0].number if side.lines else 0
+        owners = [e for e in exceptions if e.type and not e.side_frames and e.line_no is not None
+                  and 0 <= start - e.line_no <= SIDE_GAP_LINES]
+        if owners:
+            owner = max(owners, key=lambda e: e.line_no or 0)
+            owner.side_frames, owner.side_label = side.frames, side.label
+
+
+# How far apart an error line and the frames it belongs to may be printed (a fence, a logger line, prose between).
+SPLIT_GAP_LINES = 6
+
+
+def _join_split_errors(exceptions: list[ExceptionInfo]) -> tuple[list[ExceptionInfo], list[str], list[int]]:
+    """An error line with no frames, and frames with no error line, printed close together: one exception.
+
+    Pastes put the error before the traceback (copied from an issue title, or a log that prints the
+    message first), or cut the traceback and repeat the error below it. Returns the exceptions, notes, and
+    the lines where the tracebacks that found their error line start.
+    """
+    notes: list[str] = []
+    whole: list[int] = []
+    untyped = [e for e in exceptions if not e.type and e.frames]
+    for frames_only in untyped:
+        start = frames_only.line_no or 0
+        end = start + 2 * len(frames_only.frames) + SPLIT_GAP_LINES
+        near = [e for e in exceptions if e.type and not e.frames and e.line_no is not None
+                and start - SPLIT_GAP_LINES <= e.line_no <= end]
+        if not near:
+            continue
+        error = min(near, key=lambda e: abs((e.line_no or 0) - start))
+        error.frames = frames_only.frames
+        exceptions = [e for e in exceptions if e is not frames_only]
+        notes.append(f"the {error.type} at line {error.line_no} and the traceback at line {start} were printed apart;"
+                     " read as one")
+        whole.append(start)
+    return exceptions, notes, whole
+
+
+def _cut_off_note(start: int) -> str:
+    return f"a traceback at line {start} is cut off before its exception line"
 
 
 def _says_nan(text: str) -> bool:
@@ -610,6 +807,10 @@ def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
         if not match:
             inside = _ERROR_IN_LINE.search(text)
             if not inside:
+                shown = _ERROR_REPR.search(text) if "(" in text else None
+                if shown:  # `failed because of the following error: RuntimeError('CUDA error: ...')`
+                    found.append(ExceptionInfo(shown.group("type"), shown.group("msg"), [], rank=line.rank,
+                                               line_no=line.number))
                 continue
             match = _BARE_ERROR_LINE.match(_inside_quotes(text, inside.start()))  # prose or a quote around it
         message = [match.group("msg") or ""]
@@ -617,10 +818,34 @@ def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
             if not follow.text.strip() or follow.record_start or follow.number != line.number + len(message):
                 break
             message.append(follow.text)
-        found.append(ExceptionInfo(match.group("type"), "\n".join(message).strip(), [], rank=line.rank, line_no=line.number))
+        prompt = _statement_before(context, index)
+        found.append(ExceptionInfo(match.group("type"), "\n".join(message).strip(), [prompt] if prompt else [],
+                                   rank=line.rank, line_no=line.number))
         if len(found) >= MAX_EXCEPTIONS:
             break
     return found
+
+
+# The statement that raised, typed at a debugger's or IPython's prompt or shown by IPython's arrow, on the line
+# right above an error that has no traceback: `ipdb> x += 1`, `In [3]: loss.backward()`, `----> 6     E[:, 0::2] = ...`.
+# (Python's `>>> ` reads as a markdown quote and is gone by now.)
+_PROMPT = re.compile(r"(?:ipdb> |\(Pdb\) |In \[(?P<cell>\d{1,9})\]: )(?P<code>\S.*)")
+
+
+def _statement_before(context: list[LogLine], index: int) -> Frame | None:
+    """The frame of the prompt or arrow line right above the error at `context[index]`, if it is one."""
+    if index == 0 or context[index - 1].number != context[index].number - 1:
+        return None
+    text = context[index - 1].text.strip()
+    prompt = _PROMPT.match(text)
+    if prompt:
+        cell = prompt.group("cell")
+        where = f"In [{cell}]" if cell else "<ipdb prompt>" if text.startswith("ipdb") else "<pdb prompt>"
+        return Frame(where, None, "<module>", code=prompt.group("code").strip(), user=True)
+    arrow = _IPY_ARROW.match(text) if text.startswith("-") else None
+    if arrow:
+        return Frame("<cell>", int(arrow.group("line")), "<module>", code=arrow.group("code").strip(), user=True)
+    return None
 
 
 def _log_excerpt(context: list[LogLine]) -> list[str]:

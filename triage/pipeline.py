@@ -68,12 +68,15 @@ def triage_incident(
     timings["diagnose_s"] = time.monotonic() - started
     if rerun is not None:
         report.rerun = rerun()
-    if live is not None and report.diagnoses and any(d.probe_names for d in report.diagnoses):
+    if live is not None and report.diagnoses and any(d.probe_names or any(f.trial for f in d.fixes)
+                                                     for d in report.diagnoses):
         _write(writer, report, timings, complete=False)  # before the first experiment
         started = time.monotonic()
-        run_experiments(report, live, writer.folder if writer is not None else None,
-                        on_result=lambda: _write(writer, report, timings, complete=False))
+        context = run_experiments(report, live, writer.folder if writer is not None else None,
+                                  on_result=lambda: _write(writer, report, timings, complete=False))
         choose_causes_again(report, kb)
+        if context is not None:
+            try_leading_fixes(report, context)
         timings["probes_s"] = time.monotonic() - started
         if rerun is not None:
             report.rerun = rerun()
@@ -130,8 +133,9 @@ def rule_warnings(kb: KnowledgeBase) -> list[str]:
 
 
 def run_experiments(report: Report, live: LiveContext, folder: Path | None,
-                    on_result: Callable[[], None] | None = None) -> None:
-    """The probes the diagnoses name, on the live objects; they re-rank `report.diagnoses` in place."""
+                    on_result: Callable[[], None] | None = None) -> ProbeContext | None:
+    """The probes the diagnoses name, on the live objects; they re-rank `report.diagnoses` in place.
+    Returns the context they ran in (for the fix trials), None when the probes failed."""
     from .probes import runner as probe_runner
 
     context = probe_runner.context_from_failure(
@@ -147,9 +151,10 @@ def run_experiments(report: Report, live: LiveContext, folder: Path | None,
         if os.environ.get("TRIAGE_DEBUG"):
             raise
         report.warnings.append(f"probes failed: {type(exc).__name__}: {exc}")
-        return
+        return None
     if isinstance(ranked, list):
         report.diagnoses = ranked
+    return context
 
 
 def choose_causes_again(report: Report, kb: KnowledgeBase) -> None:
@@ -161,6 +166,28 @@ def choose_causes_again(report: Report, kb: KnowledgeBase) -> None:
     for diagnosis in report.diagnoses:
         if diagnosis.rule in rules and diagnosis.probes:
             rechoose(diagnosis, rules[diagnosis.rule], report.warnings)
+    rerank(report.diagnoses)
+
+
+def try_leading_fixes(report: Report, context: ProbeContext) -> None:
+    """The leading diagnosis's fixes that have a trial, each applied to copies of the failing step in a forked child
+    until one is verified (probes/fix_trials.py): the verdicts reorder its fixes (verified first, failed last) and
+    join its experiments as `fix_trial`, which ranks it like any other."""
+    from .probes.fix_trials import order_fixes, try_fixes
+    from .probes.runner import rerank
+
+    leading = report.diagnoses[0]
+    try:
+        result = try_fixes(leading, context)
+    except Exception as exc:
+        if os.environ.get("TRIAGE_DEBUG"):
+            raise
+        report.warnings.append(f"fix trials failed: {type(exc).__name__}: {exc}")
+        return
+    if result is None:
+        return
+    leading.probes.append(result)
+    order_fixes(leading)
     rerank(report.diagnoses)
 
 

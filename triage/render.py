@@ -7,7 +7,7 @@ import os
 import re
 from typing import IO
 
-from .diagnosis import Diagnosis, Report
+from .diagnosis import Diagnosis, Fix, Report
 
 MAX_ALTERNATIVES = 4
 _BACKTICKS = re.compile(r"`+")
@@ -126,9 +126,18 @@ def fix_text(diagnosis: Diagnosis) -> str:
     leading = diagnosis.leading_fix
     if leading is None:
         return diagnosis.fix
-    if leading.verdict == "verified":
-        return f"{leading.text} (fix verified: {leading.detail})" if leading.detail else f"{leading.text} (fix verified)"
-    return leading.text
+    verdict = _verdict_text(leading)
+    return f"{leading.text} (fix {verdict})" if verdict else leading.text
+
+
+def _verdict_text(fix: Fix) -> str:
+    """What a fix's trial found: "verified: ...", "fails: now ...", "not tried: ..." ('' when none ran)."""
+    if not fix.verdict or not fix.detail:
+        return fix.verdict or ""
+    detail = fix.detail
+    if fix.verdict == "fails" and not detail.startswith("now"):
+        detail = f"now {detail}"  # the detail is the new error
+    return f"{fix.verdict}: {detail}"
 
 
 def other_fixes(diagnosis: Diagnosis) -> list[str]:
@@ -138,8 +147,7 @@ def other_fixes(diagnosis: Diagnosis) -> list[str]:
     for option in diagnosis.fixes:
         if option is leading:
             continue
-        verdict = f" ({option.verdict}: {option.detail})" if option.verdict and option.detail else (
-            f" ({option.verdict})" if option.verdict else "")
+        verdict = f" ({_verdict_text(option)})" if option.verdict else ""
         notes.append(f"{'tried' if option.verdict == 'fails' else 'or'}: {option.text}{verdict}")
     return notes
 

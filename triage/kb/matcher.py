@@ -215,27 +215,31 @@ def _render(diagnosis: Diagnosis, rule: Rule, incident: Incident | None, exc: Ex
     context = diagnosis.context
     cause = choose_cause(rule, context)
 
-    def render(name: str, source: str) -> str:
+    def render(name: str, source: str, strict: bool = False) -> str:
         try:
             return templates.render(source, context)
         except templates.TemplateRefused:
             raise  # the whole diagnosis is refused, not shown with a raw template
         except templates.TemplateError as exc_:
             warnings.append(f"rule {rule.id} ({rule.location}): {name}: {exc_}")
+            if strict:
+                raise
             return source.strip()
 
     rendered = {name: render(name, source) for name, source in rule.template_fields().items()}
     fixes = [Fix(rule.id, rendered["fix"])]
     if cause is not None:
         n = rule.causes.index(cause)
-        for key in ("title", "hypothesis", "confirm", "verify"):
-            if getattr(cause, key):
-                rendered[key] = render(f"causes[{n}].{key}", getattr(cause, key))
-        if cause.fixes:
-            fixes = [Fix(option.id, render(f"causes[{n}].fixes[{m}]", option.text), option.trial)
-                     for m, option in enumerate(cause.fixes)]
-        else:
-            fixes = [Fix(cause.id, rendered["fix"])]
+        try:
+            # A cause whose texts cannot be rendered (a fact its templates use is missing) is not shown: the
+            # rule's own text stands, rather than a raw template.
+            chosen = {key: render(f"causes[{n}].{key}", getattr(cause, key), strict=True)
+                      for key in ("title", "hypothesis", "confirm", "verify") if getattr(cause, key)}
+            fixes = [Fix(option.id, render(f"causes[{n}].fixes[{m}]", option.text, strict=True), option.trial)
+                     for m, option in enumerate(cause.fixes)] or [Fix(cause.id, rendered["fix"])]
+            rendered.update(chosen)
+        except templates.TemplateError:
+            cause, fixes = None, [Fix(rule.id, rendered["fix"])]
     diagnosis.cause = f"{rule.id}/{cause.id}" if cause is not None else rule.id
     diagnosis.confidence = (cause.confidence if cause is not None and cause.confidence else rule.confidence) * diagnosis.weight
     diagnosis.title = rendered["title"]

@@ -333,6 +333,10 @@ def check(source: str) -> set[str]:
     return names
 
 
+_ATTRIBUTE_FILTERS = frozenset({"attr", "map", "selectattr", "rejectattr", "sort", "groupby", "sum", "unique", "min",
+                                "max"})
+
+
 def _is_unsafe_name(name: Any) -> bool:
     return isinstance(name, str) and (name.startswith("_") or name in _UNSAFE_ATTRIBUTES)
 
@@ -352,8 +356,10 @@ def unsafe_uses(source: str) -> list[str]:
             found.append(node.arg.value)
         elif isinstance(node, nodes.Name) and node.name in _JINJA_NAMES and node.ctx == "load":
             found.append(node.name)
-        elif isinstance(node, (nodes.Filter, nodes.Call)):
-            arguments = [*node.args, *(kw.value for kw in node.kwargs)]
+        elif isinstance(node, nodes.Filter) and node.name in _ATTRIBUTE_FILTERS:
+            # `attr(x, '__class__')`, `map(attribute='__class__')`: a name given as a string. Other calls' string
+            # arguments (`message.split('_')`) are data.
+            arguments = [*node.args, *(kw.value for kw in node.kwargs if kw.key == "attribute")]
             found.extend(arg.value for arg in arguments if isinstance(arg, nodes.Const) and _is_unsafe_name(arg.value))
         elif isinstance(node, nodes.Const) and isinstance(node.value, str) and re.search(r"[.\[]_", node.value):
             found.extend(re.findall(r"(?<=[.\[])_\w*", node.value))  # a format string reaching for '{0.__class__}'

@@ -266,12 +266,14 @@ def _verdict(ctx: ProbeContext, seen: Observed, weights: str) -> ProbeResult:
             status = "confirmed" if category in (None, "nan") else "inconclusive"
             return result(NAME, status, "; ".join(parts) + noted, **facts)
         if version:
-            detail = _inplace_detail(version, seen, forward)
+            detail = _inplace_detail(version, seen, forward, facts)
             facts.update(forward_line=forward)
             status = "confirmed" if category in (None, "inplace", "autograd") else "inconclusive"
             return result(NAME, status, detail + noted, **facts)
         original = ctx.incident.exception
-        same = original is not None and original.short_type == type(error).__name__
+        # A version error replayed as another error is a replay of something else, not a confirmation.
+        same = (original is not None and original.short_type == type(error).__name__
+                and "modified by an inplace operation" not in original.message)
         where_ = f" (forward line {forward})" if forward else ""
         raised = f"the replay raises {exception_line(error)} in the {seen.stage}{where_}"
         if category == "nan":  # a guard of the user's (a NaN check, clip_grad_norm_) stopped the replayed step
@@ -286,12 +288,15 @@ def _verdict(ctx: ProbeContext, seen: Observed, weights: str) -> ProbeResult:
         outcome[0] += " (the output's sum stood in for the loss)"
     clean = f"{seen.replayed} replay under anomaly detection without error: " \
             f"{', '.join(outcome + ['all gradients finite'])}{weights}"
-    if category in ("nan", "inplace", "autograd"):
+    # Without the user's loss code (the output's sum stood in for it) a clean replay refutes nothing that code may do.
+    if category in ("nan", "inplace", "autograd") and not seen.stand_in_loss:
         return result(NAME, "refuted", clean, **facts)
     return result(NAME, "inconclusive", clean, **facts)
 
 
-def _inplace_detail(version: re.Match, seen: Observed, forward: str) -> str:
+def _inplace_detail(version: re.Match, seen: Observed, forward: str, facts: dict[str, Any]) -> str:
+    """The in-place write that broke the saved tensor, in words; its op, line and parameter go into `facts`
+    (inplace_op, inplace_site, inplace_code, inplace_parameter) for the rules' causes to choose by."""
     shape = [int(s) for s in version["shape"].replace(" ", "").split(",") if s]
     producer = version["producer"].lower()
     needed = f"backward needs the output of {version['producer']} [{', '.join(map(str, shape))}]" \
@@ -310,6 +315,8 @@ def _inplace_detail(version: re.Match, seen: Observed, forward: str) -> str:
     # An optimizer's step writes its state (exp_avg) too; the saved tensor it broke is the parameter.
     tensor, name, site = next((w for w in chosen if id(w[0]) in seen.parameter_names), chosen[0])
     parameter = seen.parameter_names.get(id(tensor))
+    code = site.split(": `", 1)[1].rstrip("`") if ": `" in site else ""
+    facts.update(inplace_op=name, inplace_site=site.split(": `", 1)[0], inplace_code=code, inplace_parameter=parameter)
     if parameter is not None:
         return (f"the in-place {name} at {site or 'an unknown line'} updated the parameter {parameter} "
                 f"[{', '.join(map(str, tensor.shape))}] after the forward pass used it; {needed}. Update the "

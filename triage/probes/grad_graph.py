@@ -115,7 +115,7 @@ def _graph_cut(ctx: ProbeContext) -> ProbeResult:
     if frozen:
         label, module = frozen[0]
         total = _parameter_counts(module)[1]
-        return result(NAME, "confirmed", f"every one of {label}'s {total} parameters has requires_grad=False: "
+        return result(NAME, "confirmed", f"every one of {label}'s {total} parameter tensors has requires_grad=False: "
                       "nothing in the loss can have a gradient", cut_by="frozen", frozen=label)
     return result(NAME, "inconclusive", f"replaying {step.where}, no op cut the graph and the parameters train: "
                   "the loss may be built from a new tensor (torch.tensor(...) of numbers)")
@@ -160,9 +160,16 @@ def _parameter_counts(module: nn.Module) -> tuple[int, int]:
 
 
 def _carried_graph(ctx: ProbeContext) -> ProbeResult:
-    for frame, line in reversed(source_step.user_frames(ctx.exception)):
+    frames = source_step.user_frames(ctx.exception)
+    for frame, line in reversed(frames):
         carried, backward_lines = source_step.loop_carried(frame, line)
         if not carried and not backward_lines:
+            if frame is frames[-1][0] and len(earlier := _backward_calls_up_to(frame, line)) >= 2:
+                # no loop around the failing backward, but the same function backpropagated before it
+                lines = ", ".join(str(n) for n in earlier)
+                return result(NAME, "confirmed", f"{frame.f_code.co_name} calls backward at lines {lines} of "
+                              f"{_short(frame.f_code.co_filename)}: the second backward walks the graph the first "
+                              "one freed", carried_graph=[], backward_lines=earlier, loop_in=None)
             continue
         holding = [(name, t) for name in carried for _path, t in iter_tensors(frame.f_locals.get(name))
                    if t.grad_fn is not None]
@@ -183,6 +190,19 @@ def _carried_graph(ctx: ProbeContext) -> ProbeResult:
                       f"{frame.f_code.co_name} holds a graph, and it calls backward once: a tensor with a graph "
                       "made before the loop may be reused in it", **facts)
     return result(NAME, "skipped", "the failing backward is in no loop of the user's code")
+
+
+def _backward_calls_up_to(frame: types.FrameType, line: int) -> list[int]:
+    """The lines of the `.backward(` calls in `frame`'s function, up to and including `line`."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(frame.f_code.co_filename)))
+    except (SyntaxError, ValueError):
+        return []
+    scope = source_step._scope_of(tree, frame.f_code)
+    if scope is None:
+        return []
+    return sorted({node.lineno for node in source_step._walk_scope(scope) if isinstance(node, ast.Call)
+                   and isinstance(node.func, ast.Attribute) and node.func.attr == "backward" and node.lineno <= line})
 
 
 def _short(path: str) -> str:
@@ -225,10 +245,10 @@ def _empty_parameters(ctx: ProbeContext) -> ProbeResult:
     facts = {"modules": {label: {"trainable": t, "total": n} for label, (t, n) in modules.items()}}
     label, (trainable, total) = max(modules.items(), key=lambda item: item[1][1])
     if total and not trainable:
-        return result(NAME, "confirmed", f"all {total} parameters of {label} have requires_grad=False, so a "
+        return result(NAME, "confirmed", f"all {total} parameter tensors of {label} have requires_grad=False, so a "
                       "filter on requires_grad leaves the optimizer nothing", cause="all-frozen", **facts)
     if trainable:
-        return result(NAME, "confirmed", f"{label} has {trainable} trainable parameters, yet the optimizer got none: "
+        return result(NAME, "confirmed", f"{label} has {trainable} trainable parameter tensors, yet the optimizer got none: "
                       "the iterator `parameters()` returns was used up before the optimizer read it",
                       cause="consumed-iterator", **facts)
     return result(NAME, "confirmed", f"{label} has no parameters at all", cause="no-parameters", **facts)

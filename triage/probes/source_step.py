@@ -21,7 +21,7 @@ import ast
 import linecache
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
@@ -43,6 +43,8 @@ class SourceStep:
     code: types.CodeType
     frame: types.FrameType
     reads: list[str]  # names the statements read from before the step, in order of first use
+    tree: ast.Module | None = None  # the statements compiled into `code` (a fix trial edits a copy)
+    carried: list[str] = field(default_factory=list)  # names read before rebound: the next iteration's values
 
     @property
     def where(self) -> str:
@@ -122,14 +124,17 @@ def user_frames(exception: BaseException | None) -> list[tuple[types.FrameType, 
     return [(frame, line) for frame, line in pairs if _user_code(frame.f_code)]
 
 
-def find(frames: list[tuple[types.FrameType, int]]) -> SourceStep:
-    """The failing step of the innermost user frame whose failing line sits in a loop; Unavailable if none."""
+def find(frames: list[tuple[types.FrameType, int]], carry: bool = False) -> SourceStep:
+    """The failing step of the innermost user frame whose failing line sits in a loop; Unavailable if none.
+
+    With `carry`, a value the loop reads before it rebinds it (a recurrent state) is taken as the frame holds it
+    now: the value the next iteration would read (listed in `carried`)."""
     if not frames:
         raise Unavailable("no live frame of the user's code to read the failing loop from")
     no_loop, in_loop = [], []
     for frame, line in reversed(frames):
         try:
-            return _step_in(frame, line)
+            return _step_in(frame, line, carry)
         except _NoLoop as exc:
             no_loop.append(str(exc))
         except Unavailable as exc:  # an outer loop may still do (a loop over layers inside forward failed here)
@@ -141,7 +146,7 @@ class _NoLoop(Unavailable):
     """The failing line of a frame is in no loop of its function."""
 
 
-def _step_in(frame: types.FrameType, line: int) -> SourceStep:
+def _step_in(frame: types.FrameType, line: int, carry: bool = False) -> SourceStep:
     filename = frame.f_code.co_filename
     source = "".join(linecache.getlines(filename))
     if not source:
@@ -161,10 +166,11 @@ def _step_in(frame: types.FrameType, line: int) -> SourceStep:
     values = _frame_values(frame)
     start = next((i for i, stmt in enumerate(body[:index]) if _touches_step(stmt, values)), index)
     reads, stale = _reads(body[start:index + 1])
-    if stale:
+    carried = sorted(stale) if carry else []
+    if stale and not carry:
         start = 0  # the values the step reads were rebound after it began: run the whole iteration again
         reads, stale = _reads(body[:index + 1])
-    if stale:
+    if stale and not carry:
         names = ", ".join(sorted(stale))
         raise Unavailable(f"the loop reads {names} before it rebinds it: its value before the failing step is gone")
     statements = body[start:index + 1]
@@ -178,7 +184,7 @@ def _step_in(frame: types.FrameType, line: int) -> SourceStep:
     ast.copy_location(once, statements[0])
     module = ast.fix_missing_locations(ast.Module(body=[once], type_ignores=[]))
     code = compile(module, filename, "exec").replace(co_name=frame.f_code.co_name)  # tracebacks say "in main"
-    return SourceStep(filename, (statements[0].lineno, statements[-1].end_lineno), code, frame, reads)
+    return SourceStep(filename, (statements[0].lineno, statements[-1].end_lineno), code, frame, reads, module, carried)
 
 
 def loop_carried(frame: types.FrameType, line: int) -> tuple[list[str], list[int]]:
