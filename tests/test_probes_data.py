@@ -204,6 +204,16 @@ def test_save_batch_falls_back_to_the_failing_calls_arguments(tmp_path):
         load_replay(tmp_path)
 
 
+def test_save_batch_saves_sparse_arguments(tmp_path):
+    # A GCN's features and adjacency matrix are sparse COO tensors: they have no storage to measure or share.
+    features = torch.eye(3).to_sparse()
+    ctx = ProbeContext(incident=Incident(source="run"), report_dir=tmp_path, model_args=(features,))
+    outcome = save_batch(ctx)
+    assert outcome.status == "confirmed", outcome.detail
+    saved = torch.load(tmp_path / "step_inputs.pt", weights_only=True)
+    assert torch.equal(saved["batch"]["args"][0].to_dense(), torch.eye(3))
+
+
 def test_save_batch_skips_without_a_batch_or_a_folder(tmp_path, monkeypatch):
     assert save_batch(ProbeContext(incident=Incident(), batch=torch.ones(1))).status == "skipped"
     skipped = save_batch(ProbeContext(incident=Incident(), report_dir=tmp_path))

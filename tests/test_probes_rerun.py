@@ -142,6 +142,21 @@ def test_index_range_checks_targets_against_the_class_count():
     assert "2 of 3 values outside [0, 3): 3 at [1], -1 at [2]" in outcome.detail
 
 
+def test_index_range_reports_the_ranges_that_choose_a_cause(tmp_path):
+    # Rules choose between causes by these facts: 1..C labels are 1-based, ids a little past the table a grown vocabulary.
+    model = TextModel(vocab=10, classes=3)
+    ids = torch.tensor([[1, 2], [3, 4], [5, 6]])
+    labels = torch.tensor([1, 3, -100])  # -100 is the loss's ignore_index: left out of the range
+    loss_fn = nn.CrossEntropyLoss()
+    exc = raised(lambda: loss_fn(model(ids), labels))
+    facts = index_range(live_context(exc, model=model, batch=(ids, labels), loss_fn=loss_fn)).facts
+    assert (facts["target_min"], facts["target_max"], facts["classes"]) == (1, 3, 3)
+    ctx = _cuda_context(model, (torch.tensor([[1, 2, 3], [4, 12, 5]]), torch.tensor([0, 2])), tmp_path)
+    facts = index_range(ctx).facts
+    assert (facts["ids_min"], facts["ids_max"], facts["num_embeddings"]) == (1, 12, 10)
+    assert facts["embedding"] == "encoder.embed (Embedding)"
+
+
 def test_index_range_refutes_when_every_index_fits(tmp_path):
     model = TextModel(vocab=10, classes=3)
     ctx = _cuda_context(model, (torch.tensor([[1, 9]]), torch.tensor([2])), tmp_path)

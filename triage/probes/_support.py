@@ -122,7 +122,8 @@ def to_cpu(tensor: torch.Tensor) -> torch.Tensor:
     user's own safe), a private copy for one in shared memory, the host copy for a device tensor."""
     out = tensor.detach()
     if out.device.type == "cpu":
-        return out.clone() if out.is_shared() else out
+        # a sparse tensor has no storage to ask about (is_shared raises); the fork already isolates it
+        return out.clone() if out.layout == torch.strided and out.is_shared() else out
     host = HOST_COPIES.get(id(tensor))
     return host if host is not None else out.to("cpu")
 

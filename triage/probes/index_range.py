@@ -34,6 +34,7 @@ class Check:
     limit: int
     limit_text: str  # "num_embeddings=10"
     ignore: int | None = None
+    kind: str = "ids"  # "ids" (an embedding's input) or "target" (a classification loss's labels)
 
     def offending(self) -> str | None:
         """`1 of 6 values outside [0, 10): 12 at [0, 2]` or None when all are in range."""
@@ -71,12 +72,30 @@ def index_range(ctx: ProbeContext) -> ProbeResult:
     bad = [(c, text) for c, text in findings if text]
     facts = {"checked": [f"{c.what}: {describe(c.tensor)} vs {c.limit_text}" for c in checks],
              "offending": {c.what: text for c, text in bad}}
+    facts.update(_range_facts([c for c, _ in bad] or checks))
     if bad:
         parts = [f"{c.what} ({c.limit_text}): {text}" for c, text in bad]
         return result(NAME, "confirmed", "; ".join(parts), **facts)
     ranges = "; ".join(f"{c.what} in [{int(c.tensor.min()) if c.tensor.numel() else 0}, "
                        f"{int(c.tensor.max()) if c.tensor.numel() else 0}] vs {c.limit_text}" for c in checks)
     return result(NAME, "refuted", f"every index is in range: {ranges}", **facts)
+
+
+def _range_facts(checks: list[Check]) -> dict:
+    """The numbers rules choose a cause by: the loss target's range against the class count
+    (target_min, target_max, classes), an embedding input's against its table (ids_min, ids_max,
+    num_embeddings, embedding). Values equal to the loss's ignore_index are left out."""
+    facts: dict = {}
+    for check in checks:
+        values = check.tensor if check.ignore is None else check.tensor[check.tensor != check.ignore]
+        if values.numel() == 0:
+            continue
+        low, high = int(values.min()), int(values.max())
+        if check.kind == "target" and "classes" not in facts:
+            facts.update(target_min=low, target_max=high, classes=check.limit)
+        elif check.kind == "ids" and "num_embeddings" not in facts:
+            facts.update(ids_min=low, ids_max=high, num_embeddings=check.limit, embedding=check.what.removeprefix("input of "))
+    return facts
 
 
 def _replayed_checks(ctx: ProbeContext, poisoned: bool, notes: list[str]) -> list[Check]:
@@ -134,7 +153,7 @@ def _target_checks(ctx: ProbeContext, loss_call, output, model: nn.Module) -> li
             return []
         classes, source = classifier.out_features, f"out_features={classifier.out_features}"
     ignore = getattr(loss, "ignore_index", -100)
-    return [Check(f"target of {name}", target.detach().clone(), int(classes), source, ignore)]
+    return [Check(f"target of {name}", target.detach().clone(), int(classes), source, ignore, kind="target")]
 
 
 def _classifier(model: nn.Module | None) -> nn.Linear | None:
@@ -166,7 +185,8 @@ def _batch_checks(ctx: ProbeContext, poisoned: bool) -> list[Check]:
             isinstance(ctx.batch, (list, tuple)) and len(ctx.batch) >= 2 and path == f"batch[{len(ctx.batch) - 1}]")
         if is_target and classifier is not None:
             checks.append(Check(f"{path} (targets)", data, classifier.out_features,
-                                f"out_features={classifier.out_features} of {names.get(id(classifier), 'the classifier')}"))
+                                f"out_features={classifier.out_features} of {names.get(id(classifier), 'the classifier')}",
+                                kind="target"))
         elif not is_target:
             for epath, embedding in embeddings:
                 checks.append(Check(f"{path} for {epath or 'the embedding'}", data, embedding.num_embeddings,

@@ -79,7 +79,9 @@ def _plain(obj: Any, path: str, poisoned: bool, dropped: list[str], depth: int =
         if tensor.device.type != "cpu":
             return tensor.to("cpu")
         # torch.save writes a view's whole storage: a slice (or any view) is saved as a tensor of its own.
-        return tensor.clone() if tensor.untyped_storage().nbytes() > size else tensor
+        # (a sparse tensor has no storage to measure; torch.save writes its indices and values)
+        shares_storage = tensor.layout == torch.strided and tensor.untyped_storage().nbytes() > size
+        return tensor.clone() if shares_storage else tensor
     if isinstance(obj, _PLAIN):
         return obj
     if depth > 8:
@@ -155,8 +157,11 @@ def _step_inputs(ctx: ProbeContext) -> tuple[Any, str, str]:
 
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and bool(
-            torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, equal_nan=True)))
+        if not (isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and a.layout == b.layout):
+            return False
+        if a.layout != torch.strided:  # torch.equal has no sparse kernel
+            a, b = a.to_dense(), b.to_dense()
+        return bool(torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, equal_nan=True)))
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
