@@ -216,8 +216,12 @@ def test_a_string_argument_is_data_not_a_reach_for_a_private_name(tmp_path):
     rule = RULE.replace("when: target|int == 255", "when: exception.message.split('_')|length > 1 or target|int == 255")
     kb = load_paths([write(tmp_path, rule)])
     assert kb.problems == []
+    dotted = RULE.replace("when: target|int == 255", "when: \"exception.message.startswith('torch._six')\"")
+    assert load_paths([write(tmp_path, dotted)]).problems == []
     refused = RULE.replace("when: target|int == 255", "when: exception|attr('__class__')")
     assert any("'__class__'" in p.message for p in load_paths([write(tmp_path, refused)]).problems)
+    formatted = RULE.replace("when: target|int == 255", "when: \"'{0.__class__}'.format(exception)\"")
+    assert any("__class__" in p.message for p in load_paths([write(tmp_path, formatted)]).problems)
 
 
 def test_a_cause_whose_text_cannot_be_rendered_gives_way_to_the_rule_s_own(tmp_path):

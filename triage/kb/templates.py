@@ -361,8 +361,10 @@ def unsafe_uses(source: str) -> list[str]:
             # arguments (`message.split('_')`) are data.
             arguments = [*node.args, *(kw.value for kw in node.kwargs if kw.key == "attribute")]
             found.extend(arg.value for arg in arguments if isinstance(arg, nodes.Const) and _is_unsafe_name(arg.value))
-        elif isinstance(node, nodes.Const) and isinstance(node.value, str) and re.search(r"[.\[]_", node.value):
-            found.extend(re.findall(r"(?<=[.\[])_\w*", node.value))  # a format string reaching for '{0.__class__}'
+        elif isinstance(node, nodes.Const) and isinstance(node.value, str) and "{" in node.value:
+            # a format string reaching for '{0.__class__}'; a plain string ('torch._six') is data
+            for field_ in re.findall(r"\{[^{}]*\}", node.value):
+                found.extend(re.findall(r"(?<=[.\[])_\w*", field_))
     return list(dict.fromkeys(found))
 
 
