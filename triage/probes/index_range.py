@@ -34,6 +34,7 @@ class Check:
     limit: int
     limit_text: str  # "num_embeddings=10"
     ignore: int | None = None
+    kind: str = "ids"  # ids (indices into an embedding) | target (class indices of a loss)
 
     def offending(self) -> str | None:
         """`1 of 6 values outside [0, 10): 12 at [0, 2]` or None when all are in range."""
@@ -70,13 +71,35 @@ def index_range(ctx: ProbeContext) -> ProbeResult:
     findings = [(c, c.offending()) for c in checks]
     bad = [(c, text) for c, text in findings if text]
     facts = {"checked": [f"{c.what}: {describe(c.tensor)} vs {c.limit_text}" for c in checks],
-             "offending": {c.what: text for c, text in bad}}
+             "offending": {c.what: text for c, text in bad}, **_range_facts(checks, {id(c) for c, _ in bad})}
     if bad:
         parts = [f"{c.what} ({c.limit_text}): {text}" for c, text in bad]
         return result(NAME, "confirmed", "; ".join(parts), **facts)
     ranges = "; ".join(f"{c.what} in [{int(c.tensor.min()) if c.tensor.numel() else 0}, "
                        f"{int(c.tensor.max()) if c.tensor.numel() else 0}] vs {c.limit_text}" for c in checks)
     return result(NAME, "refuted", f"every index is in range: {ranges}", **facts)
+
+
+def _range_facts(checks: list[Check], bad: set[int]) -> dict:
+    """Stable facts for the rules, from the first out-of-range check of each kind (else the first of it):
+    `target` (which tensor), `target_min`, `target_max`, `classes`, `ignore_index`; `ids` (which tensor),
+    `ids_min`, `ids_max`, `num_embeddings`. A kind with no check gives nulls."""
+    facts: dict = {"target": None, "target_min": None, "target_max": None, "classes": None, "ignore_index": None,
+                   "ids": None, "ids_min": None, "ids_max": None, "num_embeddings": None}
+    for kind, limit in (("target", "classes"), ("ids", "num_embeddings")):
+        of_kind = [c for c in checks if c.kind == kind]
+        chosen = next((c for c in of_kind if id(c) in bad), of_kind[0] if of_kind else None)
+        if chosen is None:
+            continue
+        values = chosen.tensor
+        if chosen.ignore is not None and values.numel():
+            values = values[values != chosen.ignore]  # the ignored label (-100, 255) is not a class
+        empty = values.numel() == 0
+        facts.update({kind: chosen.what, f"{kind}_min": None if empty else int(values.min()),
+                      f"{kind}_max": None if empty else int(values.max()), limit: chosen.limit})
+        if kind == "target":
+            facts["ignore_index"] = chosen.ignore
+    return facts
 
 
 def _replayed_checks(ctx: ProbeContext, poisoned: bool, notes: list[str]) -> list[Check]:
@@ -134,7 +157,7 @@ def _target_checks(ctx: ProbeContext, loss_call, output, model: nn.Module) -> li
             return []
         classes, source = classifier.out_features, f"out_features={classifier.out_features}"
     ignore = getattr(loss, "ignore_index", -100)
-    return [Check(f"target of {name}", target.detach().clone(), int(classes), source, ignore)]
+    return [Check(f"target of {name}", target.detach().clone(), int(classes), source, ignore, kind="target")]
 
 
 def _classifier(model: nn.Module | None) -> nn.Linear | None:
@@ -166,7 +189,8 @@ def _batch_checks(ctx: ProbeContext, poisoned: bool) -> list[Check]:
             isinstance(ctx.batch, (list, tuple)) and len(ctx.batch) >= 2 and path == f"batch[{len(ctx.batch) - 1}]")
         if is_target and classifier is not None:
             checks.append(Check(f"{path} (targets)", data, classifier.out_features,
-                                f"out_features={classifier.out_features} of {names.get(id(classifier), 'the classifier')}"))
+                                f"out_features={classifier.out_features} of {names.get(id(classifier), 'the classifier')}",
+                                kind="target"))
         elif not is_target:
             for epath, embedding in embeddings:
                 checks.append(Check(f"{path} for {epath or 'the embedding'}", data, embedding.num_embeddings,
