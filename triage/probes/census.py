@@ -169,7 +169,7 @@ def dtype_census(ctx: ProbeContext) -> ProbeResult:
         found += [Mismatch(f"{e.label} is {e.dtype}", _fact(e.label, "", e.tensor, e.kind)) for e in held
                   if e.tensor.is_floating_point() and e.dtype != home]
     weights, call_mismatches = _failing_call_mismatches(ctx, model)
-    found += call_mismatches or _model_input_mismatches(ctx, home)
+    found += call_mismatches
     found += _loss_mismatches(ctx)
     odd = [m.text for m in found]
     facts = {"dtypes": dict(Counter(e.dtype for e in held + inputs)), "home": home,
@@ -227,20 +227,6 @@ def _failing_call_mismatches(ctx: ProbeContext, model: nn.Module | None) -> tupl
         out.append(Mismatch(f"{what} {arg} of {owner} is {describe(tensor)} while its weights are {weights}",
                             _fact(f"{what} {arg} of {owner}", arg, tensor, kind)))
     return weights, out
-
-
-def _model_input_mismatches(ctx: ProbeContext, home: str | None) -> list[Mismatch]:
-    """The model's own floating inputs in another dtype than its weights (the failing call named none)."""
-    if home is None or ctx.model_args is None:
-        return []
-    out = []
-    for arg_path, tensor in iter_tensors((tuple(ctx.model_args), ctx.model_kwargs or {})):
-        dtype = str(tensor.dtype).replace("torch.", "")
-        if tensor.is_floating_point() and dtype != home:
-            arg = _arg_path(arg_path)
-            out.append(Mismatch(f"model input {arg} is {describe(tensor)} while the model's weights are {home}",
-                                _fact(f"model input {arg}", arg, tensor, "input")))
-    return out
 
 
 def _loss_mismatches(ctx: ProbeContext) -> list[Mismatch]:
