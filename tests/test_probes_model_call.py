@@ -139,6 +139,7 @@ def test_shape_trace_feeds_an_embeddingbag_model_both_its_arguments(recorded):
     outcome = isolated(shape_trace, live_context(exc, recorded))
     assert outcome.status == "confirmed", outcome.detail
     assert outcome.detail.startswith("the loss raises RuntimeError: 0D or 1D target tensor expected")
+    assert outcome.facts["model_inputs"] == "call" and "taken from the batch" not in outcome.detail
     assert f"embedding (EmbeddingBag): [{len(text)}], [4] -> [4, 16]" in outcome.facts["trace"]
     assert (outcome.facts["layer_class"], outcome.facts["input_shape"], outcome.facts["target_shape"]) == \
         ("CrossEntropyLoss", [4, 4], [4, 1])
@@ -203,7 +204,7 @@ def test_a_model_never_called_before_the_failure_is_not_replayed_on_a_guess(reco
     exc = failure(lambda: torch.zeros(3).view(2, 2))  # the loop fails before it calls the model
     outcome = isolated(shape_trace, live_context(exc, recorded))
     assert outcome.status == "skipped"
-    assert outcome.detail == "TinyTagger was not called before the failure, so there is no call of it to replay"
+    assert outcome.detail == "no call of TinyTagger was recorded before the failure, so there is none to replay"
 
 
 def test_shape_trace_facts_name_the_layer_its_sizes_and_the_producer(recorded):
@@ -215,3 +216,13 @@ def test_shape_trace_facts_name_the_layer_its_sizes_and_the_producer(recorded):
                                   "producer_class", "producer_shape", "input_shape")} == {
         "layer_path": "3", "layer_class": "Linear", "expects": "in_features", "in_features": 144, "received": 256,
         "producer": "2", "producer_class": "Flatten", "producer_shape": [2, 256], "input_shape": [2, 256]}
+
+
+def test_a_guess_from_the_batch_is_said_to_be_one():
+    """No record (a script with its own `triage.install()`) and a forward that takes the batch's first tensor."""
+    model = nn.Sequential(nn.Linear(4, 3))
+    x = torch.randn(2, 4)
+    exc = failure(lambda: model(x).view(4, -1))
+    outcome = isolated(shape_trace, live_context(exc, Tracker(model=model, batch=(x, torch.zeros(2)))))
+    assert outcome.status == "refuted" and outcome.facts["model_inputs"] == "batch"
+    assert outcome.detail.endswith("(no call of Sequential was recorded: its inputs were taken from the batch)")

@@ -76,7 +76,8 @@ def recorded_model_call(tracker: Any, exc: BaseException | None, given: tuple = 
     if not calls:
         return None
     passed = {id(value) for value in given} | _callee_values(exc)
-    chosen = next((c for c in reversed(calls) if c.output is not None and id(c.output()) in passed), calls[-1])
+    outputs = [(c, c.output() if c.output is not None else None) for c in reversed(calls)]
+    chosen = next((c for c, output in outputs if output is not None and id(output) in passed), calls[-1])
     return ModuleCall(chosen.module, chosen.args, dict(chosen.kwargs))
 
 

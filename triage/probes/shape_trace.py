@@ -69,7 +69,7 @@ def shape_trace(ctx: ProbeContext) -> ProbeResult:
         outcome = _trace(step, records)
     artifacts = _write(ctx, records)
     facts = {"trace": [r.line() for r in records if r.leaf or not r.done][:200], "device": device,
-             "artifacts": artifacts}
+             "model_inputs": step.model_inputs, "artifacts": artifacts}
     error, stage, output = outcome
     if error is None:
         return _clean(ctx, step, output, facts)
@@ -79,7 +79,7 @@ def shape_trace(ctx: ProbeContext) -> ProbeResult:
     at = f" ({where(frame)})" if frame else ""
     layer = f"{failing.label} ({type(failing.module).__name__})" if failing is not None else f"the {stage}"
     detail = f"{explanation}; " if explanation else ""
-    detail += f"{layer} raises {exception_line(error)}{at}"
+    detail += f"{layer} raises {exception_line(error)}{at}" + _guessed(step)
     original = ctx.incident.exception
     same = original is None or original.short_type == type(error).__name__
     facts.update(layer=failing.label if failing else stage, exception=type(error).__name__)
@@ -138,6 +138,12 @@ def _layer_facts(failing: Record, records: list[Record]) -> dict:
                  producer_class=type(source.module).__name__ if source else None,
                  producer_shape=source.outputs[0] if source and source.outputs else None)
     return facts
+
+
+def _guessed(step: Step) -> str:
+    if step.model_inputs != "batch" or step.model is None:
+        return ""
+    return f" (no call of {type(step.model.module).__name__} was recorded: its inputs were taken from the batch)"
 
 
 def _trace(step: Step, records: list[Record]):
@@ -255,7 +261,7 @@ def _clean(ctx: ProbeContext, step: Step, output, facts: dict) -> ProbeResult:
     original = ctx.incident.exception
     if original is not None and step.model_call is None:
         detail = f"the failing layer runs on these inputs without a size error (output {shape})"
-    return result(NAME, "refuted", detail + ": the sizes that failed are not in this step", **facts)
+    return result(NAME, "refuted", detail + ": the sizes that failed are not in this step" + _guessed(step), **facts)
 
 
 def _write(ctx: ProbeContext, records: list[Record]) -> list[str]:

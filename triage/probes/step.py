@@ -50,6 +50,8 @@ class Step:
     loss_call: Call | None = None
     failing_call: Call | None = None
     notes: list[str] = field(default_factory=list)
+    # Where the model call's inputs came from: "call" (the call the script made) or "batch" (a guess); None: no call.
+    model_inputs: str | None = None
 
     @property
     def names(self) -> dict[int, str]:
@@ -90,6 +92,7 @@ def rebuild(ctx: ProbeContext, poisoned: bool, device: str = "cpu", with_failing
         step.model = cpu_copy(ctx.model, poisoned, device=device)
         args, kwargs, target = _model_inputs(ctx, step.notes)
         if args is not None:
+            step.model_inputs = "call" if ctx.model_args is not None else "batch"
             inputs = cpu_inputs(args, kwargs, ctx.batch, poisoned)
             step.model_call = Call("model", step.model.module, _to_device(inputs, device))
         loss = _loss_copy(ctx.loss_fn, poisoned, device)
@@ -125,7 +128,7 @@ def _model_inputs(ctx: ProbeContext, notes: list[str]) -> tuple[tuple | None, di
         return ctx.model_args, ctx.model_kwargs or {}, target
     name = type(ctx.model).__name__
     if ctx.calls_recorded:
-        notes.append(f"{name} was not called before the failure, so there is no call of it to replay")
+        notes.append(f"no call of {name} was recorded before the failure, so there is none to replay")
         return None, {}, target
     if guessed_args is None:
         return None, {}, target
@@ -138,7 +141,6 @@ def _model_inputs(ctx: ProbeContext, notes: list[str]) -> tuple[tuple | None, di
             notes.append(f"{name}.forward{signature} cannot take the batch's {given}, and no call of the model was "
                          "recorded (run under `python -m triage`, or `triage.watch(..., record_calls=True)`)")
             return None, {}, target
-    notes.append(f"{name} called with the batch's inputs (no call of it was recorded)")
     return guessed_args, guessed_kwargs, target
 
 
