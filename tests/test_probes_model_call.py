@@ -226,3 +226,19 @@ def test_a_guess_from_the_batch_is_said_to_be_one():
     outcome = isolated(shape_trace, live_context(exc, Tracker(model=model, batch=(x, torch.zeros(2)))))
     assert outcome.status == "refuted" and outcome.facts["model_inputs"] == "batch"
     assert outcome.detail.endswith("(no call of Sequential was recorded: its inputs were taken from the batch)")
+
+
+def test_a_failure_in_backward_gets_the_recorded_model_and_loss_calls(recorded):
+    model, criterion = TextClassificationModel(), nn.CrossEntropyLoss()
+    label, text, offsets = text_batch([0, 3, 1, 2])
+
+    def step():
+        loss = criterion(model(text, offsets), label)
+        loss.backward()
+        loss.backward()  # the graph is already freed
+
+    exc = failure(step)
+    assert "backward through the graph a second time" in str(exc)
+    ctx = live_context(exc, recorded)
+    assert ctx.model is model and ctx.model_args[0] is text and ctx.model_args[1] is offsets
+    assert ctx.loss_fn is criterion and ctx.loss_args[1] is label
