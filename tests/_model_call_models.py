@@ -45,7 +45,9 @@ class Generator(nn.Module):
 
 
 class Discriminator(nn.Module):
-    """The DCGAN example's discriminator, for 16x16 images; `flatten=False` is the bug: its output stays [B, 1, 1, 1]."""
+    """The DCGAN example's discriminator, for 16x16 images.
+
+    `flatten=False` is the bug: its output stays [B, 1, 1, 1]."""
 
     def __init__(self, flatten: bool = True) -> None:
         super().__init__()

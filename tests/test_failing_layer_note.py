@@ -54,7 +54,8 @@ def test_a_layer_inside_the_model_is_named_with_its_tensor_input():
     model = Net()
     images = torch.randn(2, 3, 8, 8)
     notes = layer_notes(lambda: model(images))
-    assert len(notes) == 1 and notes[0].startswith("the failing layer is fc (Linear), called with tensor[2, 144] float32")
+    assert len(notes) == 1
+    assert notes[0].startswith("the failing layer is fc (Linear), called with tensor[2, 144] float32")
 
 
 def test_a_leaf_layer_called_alone_is_a_layer():

@@ -344,7 +344,8 @@ def _failing_layer_note(live: ProbeContext, cuda_usable: bool) -> str:
 def _is_module_call_frame(frame: types.FrameType) -> bool:
     """torch's own frame between a module call and its forward (`_call_impl`, its `inner` with hooks, the tracer's)."""
     code = frame.f_code
-    return code.co_name in _FORWARD_CALLERS and code.co_filename.replace("\\", "/").endswith("torch/nn/modules/module.py")
+    path = code.co_filename.replace("\\", "/")
+    return code.co_name in _FORWARD_CALLERS and path.endswith("torch/nn/modules/module.py")
 
 
 def _is_layer(module, outermost, tracker) -> bool:
