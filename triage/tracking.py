@@ -102,9 +102,9 @@ class Tracker:
         """An outermost module call begins: keep it as that module's latest call (the oldest module drops out)."""
         calls = self.outer_calls
         key = id(module)
-        previous = calls.pop(key, None)
-        if previous is not None and previous.module_ref() is module:
-            entry = OuterCall(previous.module_ref, args, kwargs)
+        entry = calls.pop(key, None)
+        if entry is not None and entry.module_ref() is module:  # the common case, once per step: reuse the entry
+            entry.args, entry.kwargs, entry.output = args, kwargs, None
         else:  # a module seen for the first time: drop the calls of dropped modules, then the oldest
             for stale in [k for k, c in calls.items() if c.module_ref() is None]:
                 del calls[stale]
