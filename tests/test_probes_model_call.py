@@ -103,7 +103,7 @@ def test_the_model_whose_output_the_failing_call_got_wins_over_a_later_one(recor
         return F.mse_loss(predicted, torch.randn(2, 4))
 
     exc = failure(step)
-    assert recorded_model_call(recorded, exc).module is student
+    assert recorded_model_call(recorded, exc)[0].module is student
 
 
 # ---------------------------------------------------------------------------- the probes replay the real call
@@ -242,3 +242,28 @@ def test_a_failure_in_backward_gets_the_recorded_model_and_loss_calls(recorded):
     ctx = live_context(exc, recorded)
     assert ctx.model is model and ctx.model_args[0] is text and ctx.model_args[1] is offsets
     assert ctx.loss_fn is criterion and ctx.loss_args[1] is label
+
+
+def test_a_step_that_chains_modules_is_not_replayed_from_its_last_call(recorded):
+    """`head(blocks(embed(tokens)))` with an in-place residual in `blocks`: backward fails after all three
+    returned. Replaying `head` alone would run cleanly and refute a true cause: the probe says why it cannot."""
+
+    class Residual(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.LayerNorm(8)
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            x += self.fc(self.norm(x))  # the bug: LayerNorm saved x for its backward
+            return x
+
+    embed, blocks, head = nn.Embedding(20, 8), Residual(), nn.Linear(8, 20)
+    tokens = torch.randint(0, 20, (2, 5))
+    exc = failure(lambda: head(blocks(embed(tokens))).sum().backward())
+    assert "modified by an inplace operation" in str(exc)
+    ctx = live_context(exc, recorded)
+    assert ctx.model_args is None
+    assert ctx.model_call_note.startswith("the step chains modules (Embedding → Residual → Linear)")
+    outcome = isolated(shape_trace, ctx)
+    assert outcome.status == "skipped" and outcome.detail == ctx.model_call_note

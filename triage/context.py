@@ -54,6 +54,8 @@ class ProbeContext:
     frames: list[tuple[Any, int]] = field(default_factory=list)
     # True when the runner recorded every outermost module call: the model's inputs are then never guessed.
     calls_recorded: bool = False
+    # Why the recorded calls hold no call of the model to replay (a step that chains several modules), or ''.
+    model_call_note: str = ""
 
     @property
     def live(self) -> bool:

@@ -64,21 +64,40 @@ def is_loss(module: Any) -> bool:
     return any(cls.__name__ == "_Loss" for cls in type(module).__mro__) or type(module).__name__.endswith("Loss")
 
 
-def recorded_model_call(tracker: Any, exc: BaseException | None, given: tuple = ()) -> ModuleCall | None:
-    """The model call a failure outside every model's forward belongs to, from the tracker's recorded outermost calls.
+def recorded_model_call(tracker: Any, exc: BaseException | None, given: tuple = ()) -> tuple[ModuleCall | None, str]:
+    """The model call a failure outside every model's forward belongs to, from the tracker's recorded outermost
+    calls, and why there is none ('' when there is one, or when nothing was recorded).
 
     The model whose output the failing call was given (`given`, e.g. the loss module's arguments, or the
     arguments of the torch function the user's line called, read from the traceback) comes first: in a GAN
-    that tells the discriminator's output from the generator's. Otherwise the latest model called.
-    None when no call was recorded (not under the runner) or every recorded call is a loss's.
+    that tells the discriminator's output from the generator's. Otherwise the latest model called, unless its
+    input is another recorded call's output (`head(blocks(embed(tokens)))`): no one of those calls replays the
+    step, and guessing one would test the wrong code.
     """
     calls = [c for c in tracker.latest_calls() if not is_loss(c.module)] if tracker is not None else []
     if not calls:
-        return None
+        return None, ""
     passed = {id(value) for value in given} | _callee_values(exc)
-    outputs = [(c, c.output() if c.output is not None else None) for c in reversed(calls)]
-    chosen = next((c for c, output in outputs if output is not None and id(output) in passed), calls[-1])
-    return ModuleCall(chosen.module, chosen.args, dict(chosen.kwargs))
+    outputs = [(c, c.output() if c.output is not None else None) for c in calls]
+    chosen = next((c for c, output in reversed(outputs) if output is not None and id(output) in passed), None)
+    if chosen is None:
+        chosen = calls[-1]
+        inputs = {id(value) for value in _shallow(chosen.args) + _shallow(tuple(chosen.kwargs.values()))}
+        feeders = [c for c, output in outputs[:-1] if output is not None and id(output) in inputs]
+        if feeders:
+            chain = " → ".join(type(c.module).__name__ for c in [*feeders, chosen])
+            return None, (f"the step chains modules ({chain}) and the failure came after them: no one recorded "
+                          "call replays it")
+    return ModuleCall(chosen.module, chosen.args, dict(chosen.kwargs)), ""
+
+
+def _shallow(values: tuple) -> list[Any]:
+    """The values and the items of those that are tuples or lists (an LSTM's (h, c), a list of images)."""
+    out = list(values)
+    for value in values:
+        if isinstance(value, (tuple, list)):
+            out.extend(value[:16])
+    return out
 
 
 def recorded_loss_call(tracker: Any) -> ModuleCall | None:
@@ -106,8 +125,5 @@ def _callee_values(exc: BaseException | None) -> set[int]:
             values = list(frame.f_locals.values())
         except Exception:
             continue
-        for value in values:
-            ids.add(id(value))
-            if isinstance(value, (tuple, list)):
-                ids.update(id(item) for item in value[:16])
+        ids.update(id(value) for value in _shallow(tuple(values)))
     return ids

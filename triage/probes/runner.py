@@ -211,9 +211,9 @@ def context_from_failure(incident: Incident, exception: BaseException | None = N
     in_model = outer is not None and not outer_is_loss
     if model is None and in_model:
         model = outer.module
-    recorded = None
+    recorded, unreplayable = None, ""
     if not in_model:  # failed after the model returned: the runner recorded the model's call
-        recorded = recorded_model_call(tracker, exception, outer.args if outer_is_loss else ())
+        recorded, unreplayable = recorded_model_call(tracker, exception, outer.args if outer_is_loss else ())
         if recorded is not None and model is not None and recorded.module is not model:
             recorded = None
         model = recorded.module if recorded is not None else model
@@ -221,6 +221,7 @@ def context_from_failure(incident: Incident, exception: BaseException | None = N
         model = _model_from_optimizer(tracker.optimizer)
     ctx.model = model
     ctx.calls_recorded = bool(getattr(tracker, "calls_recorded", False))
+    ctx.model_call_note = unreplayable
     if in_model and outer.module is model:
         ctx.model_args, ctx.model_kwargs = outer.args, dict(outer.kwargs)
     elif recorded is not None:

@@ -128,7 +128,8 @@ def _model_inputs(ctx: ProbeContext, notes: list[str]) -> tuple[tuple | None, di
         return ctx.model_args, ctx.model_kwargs or {}, target
     name = type(ctx.model).__name__
     if ctx.calls_recorded:
-        notes.append(f"no call of {name} was recorded before the failure, so there is none to replay")
+        notes.append(ctx.model_call_note or f"no call of {name} was recorded before the failure, so there is none "
+                     "to replay")
         return None, {}, target
     if guessed_args is None:
         return None, {}, target
@@ -152,6 +153,8 @@ def _signature(forward: Any) -> inspect.Signature | None:
 
 
 def _why_nothing_to_run(ctx: ProbeContext, notes: list[str]) -> str:
+    if ctx.model_call_note:
+        return ctx.model_call_note
     if ctx.model is None and ctx.module is None:
         return "no live model: run under `python -m triage` or `triage.watch(model=...)`"
     if notes:
