@@ -267,3 +267,21 @@ def test_a_step_that_chains_modules_is_not_replayed_from_its_last_call(recorded)
     assert ctx.model_call_note.startswith("the step chains modules (Embedding → Residual → Linear)")
     outcome = isolated(shape_trace, ctx)
     assert outcome.status == "skipped" and outcome.detail == ctx.model_call_note
+
+
+def test_a_model_called_several_times_in_the_step_is_not_replayed_from_its_last_call(recorded):
+    """A triplet loss over one encoder: the NaN gradient of sqrt(0) needs all three calls, the last one is not it."""
+    encoder = nn.Linear(4, 3)
+    samples = torch.randn(3, 4)
+
+    def step():
+        anchor, positive, negative = (encoder(samples) for _ in range(3))
+        distance = ((anchor - positive) ** 2).sum(1).sqrt() - ((anchor - negative) ** 2).sum(1).sqrt()
+        with torch.autograd.detect_anomaly():
+            distance.relu().mean().backward()
+
+    exc = failure(step)
+    assert "returned nan values" in str(exc)
+    ctx = live_context(exc, recorded)
+    assert ctx.model_args is None
+    assert ctx.model_call_note.startswith("Linear was called 3 times since the last optimizer step")

@@ -30,6 +30,10 @@ class OuterCall:
     args: tuple
     kwargs: dict
     output: Any = None
+    # The optimizer step count at the call, and how many calls of the module that step has seen (a siamese
+    # encoder called on anchors, positives and negatives: its last call alone is not the step).
+    step: int = 0
+    repeats: int = 1
 
     @property
     def module(self) -> Any:
@@ -105,12 +109,14 @@ class Tracker:
         entry = calls.pop(key, None)
         if entry is not None and entry.module_ref() is module:  # the common case, once per step: reuse the entry
             entry.args, entry.kwargs, entry.output = args, kwargs, None
+            entry.repeats = entry.repeats + 1 if entry.step == self.steps else 1
+            entry.step = self.steps
         else:  # a module seen for the first time: drop the calls of dropped modules, then the oldest
             for stale in [k for k, c in calls.items() if c.module_ref() is None]:
                 del calls[stale]
             if len(calls) >= MAX_OUTER_CALLS:
                 del calls[next(iter(calls))]
-            entry = OuterCall(weakref.ref(module), args, kwargs)
+            entry = OuterCall(weakref.ref(module), args, kwargs, step=self.steps)
         calls[key] = entry
         return entry
 

@@ -71,8 +71,9 @@ def recorded_model_call(tracker: Any, exc: BaseException | None, given: tuple = 
     The model whose output the failing call was given (`given`, e.g. the loss module's arguments, or the
     arguments of the torch function the user's line called, read from the traceback) comes first: in a GAN
     that tells the discriminator's output from the generator's. Otherwise the latest model called, unless its
-    input is another recorded call's output (`head(blocks(embed(tokens)))`): no one of those calls replays the
-    step, and guessing one would test the wrong code.
+    input is another recorded call's output (`head(blocks(embed(tokens)))`) or it was called several times in
+    the step (a siamese encoder): no one of those calls replays the step, and picking one would test the
+    wrong code.
     """
     calls = [c for c in tracker.latest_calls() if not is_loss(c.module)] if tracker is not None else []
     if not calls:
@@ -88,6 +89,9 @@ def recorded_model_call(tracker: Any, exc: BaseException | None, given: tuple = 
             chain = " → ".join(type(c.module).__name__ for c in [*feeders, chosen])
             return None, (f"the step chains modules ({chain}) and the failure came after them: no one recorded "
                           "call replays it")
+        if chosen.repeats > 1:
+            return None, (f"{type(chosen.module).__name__} was called {chosen.repeats} times since the last optimizer "
+                          "step and the failure came after: its last call alone does not replay the step")
     return ModuleCall(chosen.module, chosen.args, dict(chosen.kwargs)), ""
 
 
