@@ -285,3 +285,20 @@ def test_a_model_called_several_times_in_the_step_is_not_replayed_from_its_last_
     ctx = live_context(exc, recorded)
     assert ctx.model_args is None
     assert ctx.model_call_note.startswith("Linear was called 3 times since the last optimizer step")
+
+
+def test_a_step_with_two_models_is_not_replayed_from_the_last_one(recorded):
+    """Distillation: the loss needs the teacher's and the student's outputs; the loop's own guard raises."""
+    teacher, student = nn.Linear(4, 3), nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+
+    def step():
+        with torch.no_grad():
+            target = teacher(x) / 0.0
+        loss = (student(x) - target).pow(2).mean()
+        if not torch.isfinite(loss):
+            raise FloatingPointError("loss is not finite")
+
+    ctx = live_context(failure(step), recorded)
+    assert ctx.model_args is None
+    assert ctx.model_call_note.startswith("the step calls several modules (Linear, Linear)")

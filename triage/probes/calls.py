@@ -71,9 +71,9 @@ def recorded_model_call(tracker: Any, exc: BaseException | None, given: tuple = 
     The model whose output the failing call was given (`given`, e.g. the loss module's arguments, or the
     arguments of the torch function the user's line called, read from the traceback) comes first: in a GAN
     that tells the discriminator's output from the generator's. Otherwise the latest model called, unless its
-    input is another recorded call's output (`head(blocks(embed(tokens)))`) or it was called several times in
-    the step (a siamese encoder): no one of those calls replays the step, and picking one would test the
-    wrong code.
+    input is another recorded call's output (`head(blocks(embed(tokens)))`), other modules were called in the
+    same step (a teacher and a student) or it was called several times in the step (a siamese encoder): no one
+    of those calls replays the step, and picking one would test the wrong code.
     """
     calls = [c for c in tracker.latest_calls() if not is_loss(c.module)] if tracker is not None else []
     if not calls:
@@ -89,6 +89,11 @@ def recorded_model_call(tracker: Any, exc: BaseException | None, given: tuple = 
             chain = " → ".join(type(c.module).__name__ for c in [*feeders, chosen])
             return None, (f"the step chains modules ({chain}) and the failure came after them: no one recorded "
                           "call replays it")
+        together = [c for c in calls if c.step == chosen.step]
+        if len(together) > 1:  # a teacher and a student, a generator and a discriminator: the failure needs both
+            names = ", ".join(type(c.module).__name__ for c in together)
+            return None, (f"the step calls several modules ({names}) and the failure came after them: no one "
+                          "recorded call replays it")
         if chosen.repeats > 1:
             return None, (f"{type(chosen.module).__name__} was called {chosen.repeats} times since the last optimizer "
                           "step and the failure came after: its last call alone does not replay the step")
