@@ -108,13 +108,20 @@ def overhead(bare: list[float], watched: list[float]) -> float:
 @contextlib.contextmanager
 def recording_calls():
     """The runner's recorder of outermost module calls (runner/hooks.py), installed for one block: it is global."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
     from triage.runner.hooks import record_outer_calls
     from triage.tracking import Tracker
 
-    undo = record_outer_calls(Tracker())
+    tracker = Tracker()
+    undo = record_outer_calls(tracker)
+    # The runner's own step hook counts the steps the recorder watches for (its cost is the wrapper's, above).
+    counting = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: setattr(tracker, "steps",
+                                                                                         tracker.steps + 1))
     try:
         yield
     finally:
+        counting.remove()
         undo()
 
 

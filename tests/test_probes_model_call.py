@@ -73,6 +73,20 @@ def test_the_recorder_lets_go_of_dropped_models_and_keeps_a_few_modules(recorded
     assert [c.module for c in recorded.latest_calls()] == kept[-MAX_OUTER_CALLS:]
 
 
+def test_after_the_first_step_only_the_classes_called_from_outside_carry_the_recorder(recorded):
+    model, criterion = nn.Sequential(nn.Linear(4, 3), nn.ReLU()), nn.CrossEntropyLoss()
+    x, y = torch.randn(2, 4), torch.tensor([0, 2])
+    criterion(model(x), y)
+    recorded.steps = 1  # the runner's optimizer hook counts the step
+    criterion(model(x), y)
+    assert nn.Module.__call__.__module__ == "torch.nn.modules.module"
+    assert "__call__" in vars(nn.Sequential) and "__call__" in vars(nn.CrossEntropyLoss)
+    assert "__call__" not in vars(nn.Linear) and "__call__" not in vars(nn.ReLU)
+    x2 = torch.randn(2, 4)
+    model(x2)
+    assert recorded.latest_calls()[-1].args[0] is x2
+
+
 def test_the_recorder_is_quiet_while_a_probe_replays_and_undo_restores_torch():
     tracker = Tracker()
     original = nn.Module.__call__
@@ -81,7 +95,7 @@ def test_the_recorder_is_quiet_while_a_probe_replays_and_undo_restores_torch():
     nn.Linear(2, 2)(torch.randn(1, 2))
     assert tracker.outer_calls == {}
     undo()
-    assert nn.Module.__call__ is original and not tracker.calls_recorded
+    assert nn.Module.__call__ is original and not tracker.calls_recorded and "__call__" not in vars(nn.Linear)
 
 
 def test_a_compiled_model_still_compiles_in_one_graph_and_its_call_is_recorded(recorded):

@@ -5,8 +5,9 @@ Nothing imports torch here: a watcher on `sys.meta_path` installs the torch
 hooks right after the script's own `import torch` finishes, so a script that
 never imports torch pays nothing. Per batch the cost is one wrapper call, a
 weak-dictionary lookup and a struct write into a shared memory map; memory is
-sampled at most once a second. Per module call it is one Python frame, and per
-outermost call (the model's, the loss's) a few dictionary operations.
+sampled at most once a second. Per call of the model or the loss (after the
+first optimizer step, of nothing else) it is one Python frame and a few
+dictionary operations.
 """
 
 from __future__ import annotations
@@ -291,11 +292,13 @@ def record_outer_calls(tracker) -> Callable[[], None]:
     """Keep every outermost nn.Module call in `tracker` (module, args, kwargs by reference); returns the undo.
 
     The probes replay the call the script really made (a model's forward may take text and offsets, or
-    keyword arguments; a GAN has two networks) instead of guessing it from the batch. `nn.Module.__call__`
-    is wrapped rather than a global forward hook registered: global hooks send every layer's call down
-    torch's slow path (about 2 µs each), this wrapper costs one Python frame (about 0.15 µs). A call made
-    while another is running is nested and passes straight through; so does everything while dynamo traces
-    (its guards then never depend on triage's state) or while a probe replays the step.
+    keyword arguments; a GAN has two networks) instead of guessing it from the batch. A global forward hook
+    would send every layer's call down torch's slow path (about 2 µs each); instead `nn.Module.__call__` is
+    wrapped until the first optimizer step, which is enough to see the class of every module called from
+    outside a forward (the model, the loss, a GAN's two networks); from then on only those classes carry the
+    wrapper, so the layers inside a model cost nothing. A call made while another is running is nested and
+    passes straight through; so does everything while dynamo traces (its guards then never depend on
+    triage's state) or while a probe replays the step.
     """
     import torch
     from torch import nn
@@ -304,10 +307,19 @@ def record_outer_calls(tracker) -> Callable[[], None]:
     compiling = torch.compiler.is_compiling
     tensor_type = torch.Tensor
     ref = weakref.ref
+    wrapped: list[type] = []
 
     def __call__(self, *args, **kwargs):
         if tracker.call_depth or tracker.suspended or compiling():
             return original(self, *args, **kwargs)
+        if nn.Module.__call__ is __call__:  # still discovering the classes called from outside every forward
+            if tracker.steps:
+                nn.Module.__call__ = original
+            else:
+                cls = type(self)
+                if cls not in wrapped and getattr(cls, "__call__", None) is __call__:  # no __call__ of its own
+                    cls.__call__ = __call__
+                    wrapped.append(cls)
         entry = tracker.on_outer_call(self, args, kwargs)
         tracker.call_depth = 1
         try:
@@ -326,6 +338,10 @@ def record_outer_calls(tracker) -> Callable[[], None]:
     def undo() -> None:
         if nn.Module.__call__ is __call__:
             nn.Module.__call__ = original
+        for cls in wrapped:
+            if cls.__dict__.get("__call__") is __call__:
+                del cls.__call__
+        wrapped.clear()
         tracker.calls_recorded = False
 
     return undo
