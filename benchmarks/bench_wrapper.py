@@ -18,8 +18,9 @@ it would in a loop of its own.
 process, so it cannot be paired per step; it does the same per-step work as
 watch+track, and the runner's own benchmark measures it on whole scripts.)
 
-The runner's recorder of outermost module calls (a wrapper of nn.Module.__call__) is global too, but it can
-be installed for B's blocks alone, so it is paired per step the same way (`--calls-only` measures just that).
+The runner's recorder of outermost module calls wraps nn.Module.__call__ until the first optimizer step, then
+only the classes of the modules called from outside a forward (the model's, the loss's): B's model and loss get
+classes of their own, so the recorder, installed once, is paired per step the same way (`--calls-only`).
 
     python benchmarks/bench_wrapper.py [--steps 3000] [--rounds 5] [--threads 1] [--calls-only]   (about 10 minutes)
 """
@@ -106,8 +107,10 @@ def overhead(bare: list[float], watched: list[float]) -> float:
 
 
 @contextlib.contextmanager
-def recording_calls():
-    """The runner's recorder of outermost module calls (runner/hooks.py), installed for one block: it is global."""
+def recording_calls(steps_of: list):
+    """The runner's recorder of outermost module calls (runner/hooks.py), with the step count the runner's own
+    optimizer hook keeps (the recorder watches it: after the first step only the model's and the loss's
+    classes carry its wrapper)."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     from triage.runner.hooks import record_outer_calls
@@ -115,10 +118,12 @@ def recording_calls():
 
     tracker = Tracker()
     undo = record_outer_calls(tracker)
-    # The runner's own step hook counts the steps the recorder watches for (its cost is the wrapper's, above).
     counting = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: setattr(tracker, "steps",
                                                                                          tracker.steps + 1))
     try:
+        for loop in steps_of:  # the first steps, in which it finds the classes called from outside a forward
+            timed_step(*loop)
+            timed_step(*loop)
         yield
     finally:
         counting.remove()
@@ -136,13 +141,18 @@ def endless_held(loader):
 
 def calls_round(name: str, steps: int) -> tuple[float, float]:
     """(noise, with the call recorder) for a fresh pair of identical loops over a DataLoader whose batches are held
-    as under the runner (its DataLoader hook keeps the last batch): the recorder's own cost on top of that."""
+    as under the runner (its DataLoader hook keeps the last batch). B's model and loss are subclasses of their
+    own, as a script's model class is, so that installed once for the whole phase the recorder wraps B's alone."""
     model_a, data = make(name)
     model_b = copy.deepcopy(model_a)
+    model_b.__class__ = type("Model", (type(model_a),), {})
+    loss_b = type("Loss", (nn.CrossEntropyLoss,), {})()
     a = (endless_held(DataLoader(data, batch_size=64)), model_a, optimizer_for(model_a), nn.CrossEntropyLoss())
-    b = (endless_held(DataLoader(data, batch_size=64)), model_b, optimizer_for(model_b), nn.CrossEntropyLoss())
+    b = (endless_held(DataLoader(data, batch_size=64)), model_b, optimizer_for(model_b), loss_b)
     phase(200, a, b)  # warm-up
-    return phase(steps, a, b)[0], phase(steps, a, b, recording_calls)[0]
+    noise = phase(steps, a, b)[0]
+    with recording_calls([b]):
+        return noise, phase(steps, a, b)[0]
 
 
 def one_round(name: str, source: str, steps: int, watched_first: bool) -> tuple[float, float, float]:
