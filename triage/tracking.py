@@ -102,23 +102,15 @@ class Tracker:
         for listener in self.listeners:
             listener("step", self.steps)
 
-    def on_outer_call(self, module: Any, args: tuple, kwargs: dict) -> OuterCall:
-        """An outermost module call begins: keep it as that module's latest call (the oldest module drops out)."""
+    def new_outer_call(self, module: Any) -> OuterCall:
+        """An entry for a module seen for the first time (the recorder fills it and files it under id(module)):
+        the calls of modules the script dropped go, then the oldest one beyond MAX_OUTER_CALLS."""
         calls = self.outer_calls
-        key = id(module)
-        entry = calls.pop(key, None)
-        if entry is not None and entry.module_ref() is module:  # the common case, once per step: reuse the entry
-            entry.args, entry.kwargs, entry.output = args, kwargs, None
-            entry.repeats = entry.repeats + 1 if entry.step == self.steps else 1
-            entry.step = self.steps
-        else:  # a module seen for the first time: drop the calls of dropped modules, then the oldest
-            for stale in [k for k, c in calls.items() if c.module_ref() is None]:
-                del calls[stale]
-            if len(calls) >= MAX_OUTER_CALLS:
-                del calls[next(iter(calls))]
-            entry = OuterCall(weakref.ref(module), args, kwargs, step=self.steps)
-        calls[key] = entry
-        return entry
+        for stale in [k for k, c in calls.items() if c.module_ref() is None]:
+            del calls[stale]
+        while len(calls) >= MAX_OUTER_CALLS:
+            del calls[next(iter(calls))]
+        return OuterCall(weakref.ref(module), (), {}, step=-1, repeats=0)
 
     def latest_calls(self) -> list[OuterCall]:
         """The recorded outermost calls of modules still alive, latest last."""
