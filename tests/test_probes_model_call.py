@@ -283,6 +283,7 @@ def test_a_step_that_chains_modules_is_not_replayed_from_its_last_call(recorded)
     assert outcome.status == "skipped" and outcome.detail == ctx.model_call_note
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
 def test_a_model_called_several_times_in_the_step_is_not_replayed_from_its_last_call(recorded):
     """A triplet loss over one encoder: the NaN gradient of sqrt(0) needs all three calls, the last one is not it."""
     encoder = nn.Linear(4, 3)
@@ -316,3 +317,22 @@ def test_a_step_with_two_models_is_not_replayed_from_the_last_one(recorded):
     ctx = live_context(failure(step), recorded)
     assert ctx.model_args is None
     assert ctx.model_call_note.startswith("the step calls several modules (Linear, Linear)")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_loss_written_as_plain_code_is_not_replaced_by_the_models_output_sum(recorded):
+    """A hand-written BCE on saturated sigmoids: NaN in LogBackward. The model's call alone, with the sum of its
+    output for a loss, runs cleanly; the probes must not conclude from that."""
+    model = nn.Linear(4, 1)
+    with torch.no_grad():
+        model.bias.fill_(40.0)
+    x, y = torch.randn(8, 4), torch.ones(8, 1)
+
+    def step():
+        p = torch.sigmoid(model(x))
+        with torch.autograd.detect_anomaly():
+            (-(y * torch.log(p) + (1 - y) * torch.log(1 - p)).mean()).backward()
+
+    ctx = live_context(failure(step), recorded)
+    assert ctx.model_args is None
+    assert ctx.model_call_note.startswith("the failure came after Linear returned, and the loss is no module")

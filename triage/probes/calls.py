@@ -72,8 +72,9 @@ def recorded_model_call(tracker: Any, exc: BaseException | None, given: tuple = 
     arguments of the torch function the user's line called, read from the traceback) comes first: in a GAN
     that tells the discriminator's output from the generator's. Otherwise the latest model called, unless its
     input is another recorded call's output (`head(blocks(embed(tokens)))`), other modules were called in the
-    same step (a teacher and a student) or it was called several times in the step (a siamese encoder): no one
-    of those calls replays the step, and picking one would test the wrong code.
+    same step (a teacher and a student), it was called several times in the step (a siamese encoder) or the
+    loss was computed by plain code (no loss module was called): no one recorded call replays the step, and
+    picking one would test the wrong code.
     """
     calls = [c for c in tracker.latest_calls() if not is_loss(c.module)] if tracker is not None else []
     if not calls:
@@ -97,6 +98,9 @@ def recorded_model_call(tracker: Any, exc: BaseException | None, given: tuple = 
         if chosen.repeats > 1:
             return None, (f"{type(chosen.module).__name__} was called {chosen.repeats} times since the last optimizer "
                           "step and the failure came after: its last call alone does not replay the step")
+        if not any(is_loss(c.module) and c.step == chosen.step for c in tracker.latest_calls()):
+            return None, (f"the failure came after {type(chosen.module).__name__} returned, and the loss is no module "
+                          "the runner saw called: the model's call alone does not replay the step")
     return ModuleCall(chosen.module, chosen.args, dict(chosen.kwargs)), ""
 
 
