@@ -183,12 +183,11 @@ def one_round(name: str, source: str, steps: int, watched_first: bool) -> tuple[
     return noise, with_triage, step
 
 
-def time_inside(name: str, steps: int) -> tuple[float, float, float, float]:
-    """(µs per step spent in triage's per-step code, of which µs in the training-health checks, bare step µs, µs in
-    the runner's call recorder): the step hook, track()'s batch record, the health monitor's work around
-    backward() and the recorder of outermost module calls (both of which the runner installs; they are global)."""
+def time_inside(name: str, steps: int) -> tuple[float, float, float]:
+    """(µs per step spent in triage's per-step code, of which µs in the training-health checks, bare step µs):
+    the step hook, track()'s batch record, and the health monitor's work around backward() (which the runner
+    installs; it is global, so it cannot be paired per step like watch+track)."""
     from triage import health, wrapper
-    from triage.runner.hooks import record_outer_calls
     from triage.tracking import TRACKER, Tracker
 
     spent, in_health = [0], [0]
@@ -212,13 +211,6 @@ def time_inside(name: str, steps: int) -> tuple[float, float, float, float]:
     monitor = health.HealthMonitor(TRACKER)
     undo = monitor.install()
     torch.autograd.backward = timed(torch.autograd.backward, in_health)
-    # Likewise the recorder wraps nn.Module.__call__: each call's time through it minus its time in the real call
-    # (a parent's real call holds its children's whole calls, so the nesting cancels out).
-    real_call = nn.Module.__call__
-    in_module, in_recorder = [0], [0]
-    nn.Module.__call__ = timed(real_call, in_module)
-    undo_calls = record_outer_calls(TRACKER)
-    nn.Module.__call__ = timed(nn.Module.__call__, in_recorder)
     try:
         model, data = make(name)
         optimizer, loss_fn = optimizer_for(model), nn.CrossEntropyLoss()
@@ -227,18 +219,14 @@ def time_inside(name: str, steps: int) -> tuple[float, float, float, float]:
         with triage.watch(model=model, optimizer=optimizer, loss_fn=loss_fn):
             for i in range(steps + 50):
                 if i == 50:
-                    spent[0] = in_health[0] = in_real[0] = in_module[0] = in_recorder[0] = 0
+                    spent[0] = in_health[0] = in_real[0] = 0
                 times.append(timed_step(batches, model, optimizer, loss_fn))
     finally:
         torch.autograd.backward = real_backward
         undo()
-        undo_calls()
-        nn.Module.__call__ = real_call
         wrapper.NonFiniteMonitor.step_hook, Tracker.on_batch = originals
     health_ns = in_health[0] - in_real[0]
-    calls_ns = in_recorder[0] - in_module[0]
-    return ((spent[0] + health_ns + calls_ns) / steps / 1000, health_ns / steps / 1000,
-            statistics.median(times[50:]) * 1e6, calls_ns / steps / 1000)
+    return (spent[0] + health_ns) / steps / 1000, health_ns / steps / 1000, statistics.median(times[50:]) * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,11 +260,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"watch+track overhead {100 * statistics.median(costs):+.2f}% (median of rounds "
                   f"{', '.join(f'{100 * c:+.2f}%' for c in costs)}; {steps} paired steps each; "
                   f"the pairing alone, both loops bare: {', '.join(f'{100 * r[0]:+.2f}%' for r in rounds)})")
-        inside, health_us, step_us, calls_us = time_inside(name, steps)
+        inside, health_us, step_us = time_inside(name, steps)
         print(f"{name}, dataloader: {inside:.1f} µs per step inside triage's hooks and track() (wall clock, "
               f"timers included) = {100 * inside / step_us:.2f}% of a {step_us:.0f} µs step; of it the "
-              f"training-health checks: {health_us:.1f} µs = {100 * health_us / step_us:.2f}%, the call recorder: "
-              f"{calls_us:.1f} µs = {100 * calls_us / step_us:.2f}%")
+              f"training-health checks: {health_us:.1f} µs = {100 * health_us / step_us:.2f}%")
     return 0
 
 
