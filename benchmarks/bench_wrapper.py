@@ -18,12 +18,17 @@ it would in a loop of its own.
 process, so it cannot be paired per step; it does the same per-step work as
 watch+track, and the runner's own benchmark measures it on whole scripts.)
 
-    python benchmarks/bench_wrapper.py [--steps 3000] [--rounds 5] [--threads 1]   (about 8 minutes)
+The runner's recorder of outermost module calls wraps nn.Module.__call__ until the first optimizer step, then
+only the classes of the modules called from outside a forward (the model's, the loss's): B's model and loss get
+classes of their own, so the recorder, installed once, is paired per step the same way (`--calls-only`).
+
+    python benchmarks/bench_wrapper.py [--steps 3000] [--rounds 5] [--threads 1] [--calls-only]   (about 10 minutes)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import sys
@@ -81,15 +86,16 @@ def endless_tracked(loader):
 BLOCK = 10  # consecutive steps of one model before the other's turn
 
 
-def phase(steps: int, bare: tuple, other: tuple) -> tuple[float, float]:
+def phase(steps: int, bare: tuple, other: tuple, around_other=contextlib.nullcontext) -> tuple[float, float]:
     """(overhead of `other` against `bare`, bare seconds/step) over `steps` paired steps; each loop is
-    (batches, model, optimizer, loss)."""
+    (batches, model, optimizer, loss). `around_other` is entered for each of `other`'s blocks only."""
     times: tuple[list[float], list[float]] = ([], [])
     for block in range(steps // BLOCK):
-        order = ((bare, times[0]), (other, times[1]))
-        for loop, out in order if block % 2 else order[::-1]:  # alternate which block runs first
-            for _ in range(BLOCK):
-                out.append(timed_step(*loop))
+        order = ((bare, times[0], contextlib.nullcontext), (other, times[1], around_other))
+        for loop, out, around in order if block % 2 else order[::-1]:  # alternate which block runs first
+            with around():
+                for _ in range(BLOCK):
+                    out.append(timed_step(*loop))
     return overhead(*times), statistics.median(times[0])
 
 
@@ -98,6 +104,55 @@ def overhead(bare: list[float], watched: list[float]) -> float:
     ratios = sorted(w / b for b, w in zip(bare, watched))
     k = len(ratios) // 4
     return statistics.mean(ratios[k:len(ratios) - k]) - 1
+
+
+@contextlib.contextmanager
+def recording_calls(steps_of: list):
+    """The runner's recorder of outermost module calls (runner/hooks.py), with the step count the runner's own
+    optimizer hook keeps (the recorder watches it: after the first step only the model's and the loss's
+    classes carry its wrapper)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from triage.runner.hooks import record_outer_calls
+    from triage.tracking import Tracker
+
+    tracker = Tracker()
+    undo = record_outer_calls(tracker)
+    counting = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: setattr(tracker, "steps",
+                                                                                         tracker.steps + 1))
+    try:
+        for loop in steps_of:  # the first steps, in which it finds the classes called from outside a forward
+            timed_step(*loop)
+            timed_step(*loop)
+        yield
+    finally:
+        counting.remove()
+        undo()
+
+
+def endless_held(loader):
+    """Batches as the runner's DataLoader hook sees them: a Tracker of their own holds each until the next one."""
+    from triage.tracking import Tracker
+
+    tracker = Tracker()
+    while True:
+        yield from triage.track(loader, tracker=tracker)
+
+
+def calls_round(name: str, steps: int) -> tuple[float, float]:
+    """(noise, with the call recorder) for a fresh pair of identical loops over a DataLoader whose batches are held
+    as under the runner (its DataLoader hook keeps the last batch). B's model and loss are subclasses of their
+    own, as a script's model class is, so that installed once for the whole phase the recorder wraps B's alone."""
+    model_a, data = make(name)
+    model_b = copy.deepcopy(model_a)
+    model_b.__class__ = type("Model", (type(model_a),), {})
+    loss_b = type("Loss", (nn.CrossEntropyLoss,), {})()
+    a = (endless_held(DataLoader(data, batch_size=64)), model_a, optimizer_for(model_a), nn.CrossEntropyLoss())
+    b = (endless_held(DataLoader(data, batch_size=64)), model_b, optimizer_for(model_b), loss_b)
+    phase(200, a, b)  # warm-up
+    noise = phase(steps, a, b)[0]
+    with recording_calls([b]):
+        return noise, phase(steps, a, b)[0]
 
 
 def one_round(name: str, source: str, steps: int, watched_first: bool) -> tuple[float, float, float]:
@@ -179,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3000, help="paired steps per phase on the MLP (CNN: a quarter)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--calls-only", action="store_true",
+                        help="only the runner's recorder of outermost module calls, paired per step like watch+track")
     parser.add_argument("--inside-only", action="store_true",
                         help="only the µs spent inside triage's per-step code (hooks, track(), health checks)")
     args = parser.parse_args(argv)
@@ -187,6 +244,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.threads} thread(s); step times are this thread's CPU time; {args.rounds} rounds")
     for name in MODELS:
         steps = args.steps if name.startswith("MLP") else max(args.steps // 4, 200)
+        if not args.inside_only:
+            rounds = [calls_round(name, steps) for _ in range(args.rounds)]
+            costs = [recorded - noise for noise, recorded in rounds]
+            print(f"{name}, dataloader: the runner's call recorder overhead {100 * statistics.median(costs):+.2f}% "
+                  f"(median of rounds {', '.join(f'{100 * c:+.2f}%' for c in costs)}; {steps} paired steps each; "
+                  f"the pairing alone: {', '.join(f'{100 * r[0]:+.2f}%' for r in rounds)})")
+        if args.calls_only:
+            continue
         for source in () if args.inside_only else ("dataloader", "list of batches"):
             kind = "dataloader" if source == "dataloader" else "list"
             rounds = [one_round(name, kind, steps, watched_first=bool(r % 2)) for r in range(args.rounds)]

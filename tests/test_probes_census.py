@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -107,3 +108,34 @@ def test_census_skips_without_live_objects():
     ctx = ProbeContext(incident=Incident())
     assert device_census(ctx).status == "skipped"
     assert dtype_census(ctx).status == "skipped"
+
+
+class SequenceClassifier(nn.Module):
+    """An LSTM over a sequence with its hidden state handed in, as word-language-model style loops do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(4, 8, batch_first=True)
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x, hidden):
+        out, hidden = self.lstm(x, hidden)
+        return self.fc(out[:, -1]), hidden
+
+
+def test_dtype_census_confirms_a_double_input_and_double_hidden_state_into_a_float_lstm():
+    """NumPy features and a hidden state built with np.zeros are both float64: casting only the data still fails."""
+    model = SequenceClassifier()
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((2, 5, 4)))
+    hidden = (torch.from_numpy(np.zeros((1, 2, 8))), torch.from_numpy(np.zeros((1, 2, 8))))
+    exc = raised(model, x, hidden)
+    assert "RNN input dtype (torch.float64) does not match weight dtype (torch.float32)" in str(exc)
+    outcome = dtype_census(live_context(exc))
+    assert outcome.status == "confirmed"
+    assert outcome.facts["weight_dtype"] == "float32"
+    assert [(m["arg"], m["kind"], m["dtype"]) for m in outcome.facts["mismatched"]] == [
+        ("arg0", "input", "float64"), ("arg1[0]", "state", "float64"), ("arg1[1]", "state", "float64")]
+    assert outcome.facts["mismatched"][1]["name"] == "hidden state arg1[0] of lstm (LSTM)"
+    assert "hidden state arg1[1] of lstm (LSTM) is Double[1, 2, 8] on cpu while its weights are float32" \
+        in outcome.detail
+

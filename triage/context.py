@@ -20,6 +20,8 @@ class ProbeContext:
     loss function's (recorded by the wrapper, or read from the traceback).
     `frames` are the user's live frames at the failure with their lines, innermost
     last (source_step.py replays the failing loop's statements from them).
+    `model_args` come from the traceback or from the runner's record of the
+    model's call (`calls_recorded`), never from a guess when that record exists.
     `diagnosis` is the hypothesis being tested (set by the probe runner for each
     probe). A probe that runs user code gets these in a forked child, where they
     are its own; the probes that run in the user's process (runner.IN_PROCESS)
@@ -50,6 +52,10 @@ class ProbeContext:
     diagnosis: Any = None
     total_time_s: float = 120.0
     frames: list[tuple[Any, int]] = field(default_factory=list)
+    # True when the runner recorded every outermost module call: the model's inputs are then never guessed.
+    calls_recorded: bool = False
+    # Why the recorded calls hold no call of the model to replay (a step that chains several modules), or ''.
+    model_call_note: str = ""
 
     @property
     def live(self) -> bool:

@@ -8,8 +8,36 @@ a DataLoader yielded survives a poisoned CUDA context.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+# Outermost module calls kept, one per module (a model, its loss, a GAN's two networks, an eval model).
+MAX_OUTER_CALLS = 6
+
+
+@dataclass(slots=True)
+class OuterCall:
+    """One outermost nn.Module call (a call made from outside every module's forward): its arguments by reference.
+
+    The module is held weakly, so that a model the script dropped (one per fold or trial) is freed, with the
+    arguments of its call. `output` is a weak reference to the call's main output tensor once it returned (None
+    before, or when the output holds no tensor): it tells which model produced the tensor a later failing call
+    was given, without keeping that tensor or its graph alive.
+    """
+
+    module_ref: Any
+    args: tuple
+    kwargs: dict
+    output: Any = None
+    # The optimizer step count at the call, and how many calls of the module that step has seen (a siamese
+    # encoder called on anchors, positives and negatives: its last call alone is not the step).
+    step: int = 0
+    repeats: int = 1
+
+    @property
+    def module(self) -> Any:
+        return self.module_ref()
 
 
 @dataclass
@@ -30,6 +58,11 @@ class Tracker:
     # The arguments of the model's and the loss function's latest calls, (args, kwargs), by reference.
     model_call: tuple[tuple, dict] | None = None
     loss_call: tuple[tuple, dict] | None = None
+    # Every outermost module call, latest last, keyed by id(module), while the runner records them (calls_recorded).
+    outer_calls: dict[int, OuterCall] = field(default_factory=dict)
+    calls_recorded: bool = False
+    # 1 while an outermost module call runs: the calls nested in it are not recorded.
+    call_depth: int = 0
     # Non-zero while triage itself iterates a DataLoader or runs a model (probes): not the user's progress.
     suspended: int = 0
     # True inside `triage.watch(...)`, whose own hooks then count steps and check for NaN.
@@ -68,6 +101,20 @@ class Tracker:
             self.optimizer = optimizer
         for listener in self.listeners:
             listener("step", self.steps)
+
+    def new_outer_call(self, module: Any) -> OuterCall:
+        """An entry for a module seen for the first time (the recorder fills it and files it under id(module)):
+        the calls of modules the script dropped go, then the oldest one beyond MAX_OUTER_CALLS."""
+        calls = self.outer_calls
+        for stale in [k for k, c in calls.items() if c.module_ref() is None]:
+            del calls[stale]
+        while len(calls) >= MAX_OUTER_CALLS:
+            del calls[next(iter(calls))]
+        return OuterCall(weakref.ref(module), (), {}, step=-1, repeats=0)
+
+    def latest_calls(self) -> list[OuterCall]:
+        """The recorded outermost calls of modules still alive, latest last."""
+        return [c for c in list(self.outer_calls.values()) if c.module_ref() is not None]
 
     def reset(self) -> None:
         listeners = self.listeners

@@ -32,6 +32,7 @@ MAX_MESSAGE_CHARS = 64 * 1024
 MAX_MODULES_SEARCHED = 50_000
 
 _MODULE_CALL_FUNCTIONS = {"_call_impl", "_wrapped_call_impl", "__call__"}
+_FORWARD_CALLERS = {"_call_impl", "inner", "_slow_forward"}
 _WORKER = re.compile(r"in DataLoader worker process (?P<worker>\d+)")
 _SPAWNED = re.compile(r"-- Process (?P<rank>\d+) terminated with the following error")
 _WRAPPER_TYPES = {"ChildFailedError", "ProcessRaisedException", "ProcessExitedException", "Empty"}
@@ -93,8 +94,8 @@ def capture_exception(
     if root_member is not None and root_member is not exc:
         frames = [entry.tb_frame for entry in _entries(traceback_of[id(root_member)])] + frames
     _attach_locals(pairs, traceback_of, cuda_usable=not poisoned)
-    _find_live_objects(live, frames, tracker)
-    _add_facts(live, tracker)
+    outermost = _find_live_objects(live, frames, tracker)
+    _add_facts(live, tracker, outermost)
     return live
 
 
@@ -276,19 +277,22 @@ def _kind(value: Any) -> str | None:
     return None
 
 
-def _find_live_objects(live: ProbeContext, frames: list[types.FrameType], tracker) -> None:
-    """The failing module and its arguments, the model, loader and optimizer, from the tracker or the stack."""
+def _find_live_objects(live: ProbeContext, frames: list[types.FrameType], tracker) -> Any:
+    """The failing module and its arguments, the model, loader and optimizer, from the tracker or the stack.
+    Returns the outermost module whose forward was running (None when none was)."""
     torch = sys.modules.get("torch")
     if tracker is not None:
         live.model, live.loader, live.optimizer = tracker.model, tracker.loader, tracker.optimizer
         live.loss_fn, live.batch, live.batch_index = tracker.loss_fn, tracker.batch, tracker.batch_index
         live.step = tracker.steps if (tracker.steps or tracker.batches_seen) else None
     if torch is None:
-        return
+        return None
+    # Forward calls only: a module's other methods (load_state_dict, to, __getattr__) are not a layer's call.
     module_frames = []
-    for frame in frames:
+    for caller, frame in zip([None, *frames], frames):
         owner = frame.f_locals.get("self") if frame.f_code.co_argcount else None
-        if isinstance(owner, torch.nn.Module) and frame.f_code.co_name not in _MODULE_CALL_FUNCTIONS:
+        if (isinstance(owner, torch.nn.Module) and frame.f_code.co_name not in _MODULE_CALL_FUNCTIONS
+                and caller is not None and _is_module_call_frame(caller)):
             module_frames.append((frame, owner))
     # A loss called as a module (`criterion(logits, y)`) is the loss function, never the model.
     loss_type = getattr(getattr(torch.nn, "modules", None), "loss", None)
@@ -321,6 +325,37 @@ def _find_live_objects(live: ProbeContext, frames: list[types.FrameType], tracke
                     live.optimizer = value
                 elif live.loader is None and data is not None and isinstance(value, data.DataLoader):
                     live.loader = value
+    return module_frames[0][1] if module_frames else None
+
+
+def _failing_layer_note(live: ProbeContext, cuda_usable: bool) -> str:
+    """`the failing layer is fc1 (Linear), called with tensor[8, 400] float32 ...`: tensors only, never a raw repr."""
+    name = f"{live.module_name} ({type(live.module).__name__})" if live.module_name else type(live.module).__name__
+    torch = sys.modules["torch"]
+    shown = []
+    for arg in live.module_args[:4]:
+        is_tensor = isinstance(arg, torch.Tensor) or (
+            isinstance(arg, (tuple, list)) and arg and all(isinstance(item, torch.Tensor) for item in arg[:4]))
+        if is_tensor:
+            shown.append(summarize(arg, cuda_usable=cuda_usable)["text"])
+    return f"the failing layer is {name}" + (f", called with {', '.join(shown)}" if shown else "")
+
+
+def _is_module_call_frame(frame: types.FrameType) -> bool:
+    """torch's own frame between a module call and its forward (`_call_impl`, its `inner` with hooks, the tracer's)."""
+    code = frame.f_code
+    path = code.co_filename.replace("\\", "/")
+    return code.co_name in _FORWARD_CALLERS and path.endswith("torch/nn/modules/module.py")
+
+
+def _is_layer(module, outermost, tracker) -> bool:
+    """Whether the innermost module call is a layer worth naming: not a loss, and not the model's own top-level
+    call (a failure in the model's own forward code, outside its layers), unless it is a leaf layer called alone."""
+    if isinstance(module, sys.modules["torch"].nn.modules.loss._Loss):
+        return False
+    if module is outermost or (tracker is not None and module is tracker.model):
+        return not any(True for _ in module.children())
+    return True
 
 
 def _is_bigger(candidate, current) -> bool:
@@ -367,7 +402,7 @@ def _module_name(model, module) -> str | None:
     return None
 
 
-def _add_facts(live: ProbeContext, tracker) -> None:
+def _add_facts(live: ProbeContext, tracker, outermost: Any = None) -> None:
     facts = live.incident.facts
     if tracker is not None and (tracker.batches_seen or tracker.steps):
         facts["progress"] = {"batches": tracker.batches_seen, "optimizer_steps": tracker.steps, "batch_index": tracker.batch_index}
@@ -385,8 +420,8 @@ def _add_facts(live: ProbeContext, tracker) -> None:
             outliers = summarize_module(live.module).get("outliers")
             if outliers:
                 facts["module"]["outliers"] = outliers
-        name = f"{live.module_name} ({type(live.module).__name__})" if live.module_name else type(live.module).__name__
-        live.incident.notes.append(f"the failing layer is {name}" + (f", called with {', '.join(inputs)}" if inputs else ""))
+        if _is_layer(live.module, outermost, tracker):
+            live.incident.notes.append(_failing_layer_note(live, cuda_usable))
     for outlier in facts.get("device_outliers", [])[:3]:
         live.incident.notes.append(outlier)
     if live.loader is not None:

@@ -153,6 +153,10 @@ def _priority(entry: Entry) -> int:
 
 
 def dtype_census(ctx: ProbeContext) -> ProbeResult:
+    """Facts: `home` (the model's floating dtype), `weight_dtype` (the failing call's own weights', else home),
+    `mismatched` ([{"name", "arg", "dtype", "shape", "kind"}], kind one of input | state | parameter | buffer |
+    target: every tensor whose dtype disagrees, the failing call's inputs and recurrent state included, so that a
+    fix can cast all of them), `odd` (the same as sentences) and `dtypes` (a count per dtype)."""
     model = _model(ctx)
     held = model_entries(model)
     inputs = input_entries(ctx)
@@ -160,12 +164,16 @@ def dtype_census(ctx: ProbeContext) -> ProbeResult:
         return result("dtype_census", "skipped", "no live model or inputs to inspect")
     floats = Counter(e.dtype for e in held if e.tensor.is_floating_point())
     home = floats.most_common(1)[0][0] if floats else None
-    odd: list[str] = []
+    found: list[Mismatch] = []
     if home is not None:
-        odd += [f"{e.label} is {e.dtype}" for e in held if e.tensor.is_floating_point() and e.dtype != home]
-    odd += _failing_call_mismatches(ctx, model)
-    odd += _loss_mismatches(ctx)
-    facts = {"dtypes": dict(Counter(e.dtype for e in held + inputs)), "home": home, "odd": odd[:50]}
+        found += [Mismatch(f"{e.label} is {e.dtype}", _fact(e.label, "", e.tensor, e.kind)) for e in held
+                  if e.tensor.is_floating_point() and e.dtype != home]
+    weights, call_mismatches = _failing_call_mismatches(ctx, model)
+    found += call_mismatches
+    found += _loss_mismatches(ctx)
+    odd = [m.text for m in found]
+    facts = {"dtypes": dict(Counter(e.dtype for e in held + inputs)), "home": home,
+             "weight_dtype": weights or home, "mismatched": [m.fact for m in found][:50], "odd": odd[:50]}
     if not odd:
         shown = f"the model's floating tensors are {home}" if home else "the model has no floating tensors"
         kinds = Counter(f"{e.dtype}" for e in inputs)
@@ -176,28 +184,52 @@ def dtype_census(ctx: ProbeContext) -> ProbeResult:
     return result("dtype_census", "confirmed", f"{lead}, but " + "; ".join(odd[:4]) + more, **facts)
 
 
-def _failing_call_mismatches(ctx: ProbeContext, model: nn.Module | None) -> list[str]:
+@dataclass
+class Mismatch:
+    """One tensor whose dtype disagrees: the sentence for the detail and the fact for the rules."""
+
+    text: str
+    fact: dict
+
+
+def _fact(name: str, arg: str, tensor: torch.Tensor, kind: str) -> dict:
+    return {"name": name, "arg": arg, "dtype": str(tensor.dtype).replace("torch.", ""), "shape": list(tensor.shape),
+            "kind": kind}
+
+
+def _is_state(module: nn.Module, arg: str) -> bool:
+    """The recurrent state of an RNN call: its second positional argument or `hx` (a tensor or an (h, c) pair)."""
+    return isinstance(module, (nn.RNNBase, nn.RNNCellBase)) and (arg.startswith("arg1") or arg.startswith("hx"))
+
+
+def _failing_call_mismatches(ctx: ProbeContext, model: nn.Module | None) -> tuple[str | None, list[Mismatch]]:
+    """(the failing call's weight dtype, its floating inputs and state of another dtype)."""
     module = ctx.module if isinstance(ctx.module, nn.Module) else None
     if module is None:
-        return []
+        return None, []
     own = [p for p in module.parameters(recurse=False) if p.is_floating_point()]
     if not own:
-        return []
+        return None, []
     want = own[0].dtype
+    weights = str(want).replace("torch.", "")
+    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+        return weights, []  # their inputs are indices, checked by the rules on integer dtypes
     names = module_names(model)
     path = names.get(id(module), ctx.module_name or "")
     owner = f"{path} ({type(module).__name__})" if path else type(module).__name__
     out = []
     for arg_path, tensor in iter_tensors((tuple(ctx.module_args or ()), ctx.module_kwargs or {})):
-        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+        if tensor.dtype == want:
             continue
-        if tensor.dtype != want:
-            out.append(f"input {_arg_path(arg_path)} of {owner} is {describe(tensor)} while its weights are "
-                       f"{str(want).replace('torch.', '')}")
-    return out
+        arg = _arg_path(arg_path)
+        kind = "state" if _is_state(module, arg) else "input"
+        what = "hidden state" if kind == "state" else "input"
+        out.append(Mismatch(f"{what} {arg} of {owner} is {describe(tensor)} while its weights are {weights}",
+                            _fact(f"{what} {arg} of {owner}", arg, tensor, kind)))
+    return weights, out
 
 
-def _loss_mismatches(ctx: ProbeContext) -> list[str]:
+def _loss_mismatches(ctx: ProbeContext) -> list[Mismatch]:
     if ctx.loss_args is None or ctx.loss_fn is None:
         return []
     name = type(ctx.loss_fn).__name__ if isinstance(ctx.loss_fn, nn.Module) else getattr(ctx.loss_fn, "__name__", "")
@@ -206,13 +238,13 @@ def _loss_mismatches(ctx: ProbeContext) -> list[str]:
     if len(tensors) < 2 and target is None:
         return []
     prediction, target = tensors[0], target if target is not None else tensors[1]
+    fact = _fact(f"target of {name}", "target", target, "target")
     if name in _CLASS_LOSSES:
-        if target.is_floating_point() and target.shape != prediction.shape:
-            return [f"the target of {name} is {describe(target)}: class indices must be Long (int64)"]
-        if not target.is_floating_point() and target.dtype != torch.long:
-            return [f"the target of {name} is {describe(target)}: class indices must be Long (int64)"]
+        if (target.is_floating_point() and target.shape != prediction.shape) or (
+                not target.is_floating_point() and target.dtype != torch.long):
+            return [Mismatch(f"the target of {name} is {describe(target)}: class indices must be Long (int64)", fact)]
         return []
     if name in _REGRESSION_LOSSES and target.dtype != prediction.dtype:
-        return [f"the target of {name} is {describe(target)} but its input is {describe(prediction)}: "
-                f"they must have the same dtype"]
+        return [Mismatch(f"the target of {name} is {describe(target)} but its input is {describe(prediction)}: "
+                         f"they must have the same dtype", fact)]
     return []

@@ -34,7 +34,7 @@ class Check:
     limit: int
     limit_text: str  # "num_embeddings=10"
     ignore: int | None = None
-    kind: str = "ids"  # "ids" (an embedding's input) or "target" (a classification loss's labels)
+    kind: str = "ids"  # ids (indices into an embedding) | target (class indices of a loss)
 
     def offending(self) -> str | None:
         """`1 of 6 values outside [0, 10): 12 at [0, 2]` or None when all are in range."""
@@ -71,8 +71,7 @@ def index_range(ctx: ProbeContext) -> ProbeResult:
     findings = [(c, c.offending()) for c in checks]
     bad = [(c, text) for c, text in findings if text]
     facts = {"checked": [f"{c.what}: {describe(c.tensor)} vs {c.limit_text}" for c in checks],
-             "offending": {c.what: text for c, text in bad}}
-    facts.update(_range_facts([c for c, _ in bad] or checks))
+             "offending": {c.what: text for c, text in bad}, **_range_facts(checks, {id(c) for c, _ in bad})}
     if bad:
         parts = [f"{c.what} ({c.limit_text}): {text}" for c, text in bad]
         return result(NAME, "confirmed", "; ".join(parts), **facts)
@@ -81,21 +80,29 @@ def index_range(ctx: ProbeContext) -> ProbeResult:
     return result(NAME, "refuted", f"every index is in range: {ranges}", **facts)
 
 
-def _range_facts(checks: list[Check]) -> dict:
-    """The numbers rules choose a cause by: the loss target's range against the class count
-    (target_min, target_max, classes), an embedding input's against its table (ids_min, ids_max,
-    num_embeddings, embedding). Values equal to the loss's ignore_index are left out."""
-    facts: dict = {}
-    for check in checks:
-        values = check.tensor if check.ignore is None else check.tensor[check.tensor != check.ignore]
-        if values.numel() == 0:
+def _range_facts(checks: list[Check], bad: set[int]) -> dict:
+    """Stable facts for the rules, from the first out-of-range check of each kind (else the first of it):
+    `target` (which tensor), `target_min`, `target_max`, `classes`, `ignore_index`; `ids` (which tensor),
+    `ids_min`, `ids_max`, `num_embeddings`, `embedding`. A kind with no check gives none of its facts."""
+    facts: dict = {"target": None, "target_min": None, "target_max": None, "classes": None, "ignore_index": None,
+                   "ids": None, "ids_min": None, "ids_max": None, "num_embeddings": None}
+    for kind, limit in (("target", "classes"), ("ids", "num_embeddings")):
+        of_kind = [c for c in checks if c.kind == kind]
+        chosen = next((c for c in of_kind if id(c) in bad), of_kind[0] if of_kind else None)
+        if chosen is None:
             continue
-        low, high = int(values.min()), int(values.max())
-        if check.kind == "target" and "classes" not in facts:
-            facts.update(target_min=low, target_max=high, classes=check.limit)
-        elif check.kind == "ids" and "num_embeddings" not in facts:
-            facts.update(ids_min=low, ids_max=high, num_embeddings=check.limit, embedding=check.what.removeprefix("input of "))
-    return facts
+        values = chosen.tensor
+        if chosen.ignore is not None and values.numel():
+            values = values[values != chosen.ignore]  # the ignored label (-100, 255) is not a class
+        empty = values.numel() == 0
+        facts.update({kind: chosen.what, f"{kind}_min": None if empty else int(values.min()),
+                      f"{kind}_max": None if empty else int(values.max()), limit: chosen.limit})
+        if kind == "target":
+            facts["ignore_index"] = chosen.ignore
+        else:
+            facts["embedding"] = chosen.what.removeprefix("input of ")  # the module's name, as rules quote it
+    # A fact no check gave is left out, so that a rule's `when` finds it undefined (and false).
+    return {name: value for name, value in facts.items() if value is not None}
 
 
 def _replayed_checks(ctx: ProbeContext, poisoned: bool, notes: list[str]) -> list[Check]:
@@ -184,9 +191,9 @@ def _batch_checks(ctx: ProbeContext, poisoned: bool) -> list[Check]:
         is_target = any(word in path.lower() for word in _TARGET_NAMES) or (
             isinstance(ctx.batch, (list, tuple)) and len(ctx.batch) >= 2 and path == f"batch[{len(ctx.batch) - 1}]")
         if is_target and classifier is not None:
+            owner = names.get(id(classifier), "the classifier")
             checks.append(Check(f"{path} (targets)", data, classifier.out_features,
-                                f"out_features={classifier.out_features} of {names.get(id(classifier), 'the classifier')}",
-                                kind="target"))
+                                f"out_features={classifier.out_features} of {owner}", kind="target"))
         elif not is_target:
             for epath, embedding in embeddings:
                 checks.append(Check(f"{path} for {epath or 'the embedding'}", data, embedding.num_embeddings,

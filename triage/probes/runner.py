@@ -196,7 +196,7 @@ def context_from_failure(incident: Incident, exception: BaseException | None = N
     loss function (and the model, for an exception raised outside its forward).
     """
     from ..tracking import TRACKER
-    from .calls import failing_calls
+    from .calls import failing_calls, is_loss, recorded_loss_call, recorded_model_call
     from .source_step import user_frames
 
     tracker = TRACKER if tracker is None else tracker
@@ -207,14 +207,25 @@ def context_from_failure(incident: Incident, exception: BaseException | None = N
                        loss_fn=tracker.loss_fn, time_limit_s=time_limit_s, total_time_s=total_time_s,
                        script=script, script_args=list(script_args or []), frames=user_frames(exception))
     model = tracker.model
-    outer_is_loss = outer is not None and (outer.module is tracker.loss_fn or type(outer.module).__name__.endswith("Loss"))
-    if model is None and outer is not None and not outer_is_loss:
+    outer_is_loss = outer is not None and (outer.module is tracker.loss_fn or is_loss(outer.module))
+    in_model = outer is not None and not outer_is_loss
+    if model is None and in_model:
         model = outer.module
+    recorded, unreplayable = None, ""
+    if not in_model:  # failed after the model returned: the runner recorded the model's call
+        recorded, unreplayable = recorded_model_call(tracker, exception, outer.args if outer_is_loss else ())
+        if recorded is not None and model is not None and recorded.module is not model:
+            recorded = None
+        model = recorded.module if recorded is not None else model
     if model is None and tracker.optimizer is not None:
         model = _model_from_optimizer(tracker.optimizer)
     ctx.model = model
-    if outer is not None and outer.module is model:
+    ctx.calls_recorded = bool(getattr(tracker, "calls_recorded", False))
+    ctx.model_call_note = unreplayable
+    if in_model and outer.module is model:
         ctx.model_args, ctx.model_kwargs = outer.args, dict(outer.kwargs)
+    elif recorded is not None:
+        ctx.model_args, ctx.model_kwargs = recorded.args, dict(recorded.kwargs)
     elif tracker.model_call is not None and model is tracker.model:
         ctx.model_args, ctx.model_kwargs = tracker.model_call[0], dict(tracker.model_call[1])
     if outer_is_loss:
@@ -222,6 +233,8 @@ def context_from_failure(incident: Incident, exception: BaseException | None = N
         ctx.loss_args, ctx.loss_kwargs = outer.args, dict(outer.kwargs)
     elif tracker.loss_call is not None:
         ctx.loss_args, ctx.loss_kwargs = tracker.loss_call[0], dict(tracker.loss_call[1])
+    elif (loss := recorded_loss_call(tracker)) is not None and ctx.loss_fn in (None, loss.module):
+        ctx.loss_fn, ctx.loss_args, ctx.loss_kwargs = loss.module, loss.args, dict(loss.kwargs)
     if inner is not None:
         ctx.module, ctx.module_args, ctx.module_kwargs = inner.module, inner.args, dict(inner.kwargs)
         if model is not None:

@@ -69,7 +69,7 @@ def shape_trace(ctx: ProbeContext) -> ProbeResult:
         outcome = _trace(step, records)
     artifacts = _write(ctx, records)
     facts = {"trace": [r.line() for r in records if r.leaf or not r.done][:200], "device": device,
-             "artifacts": artifacts}
+             "model_inputs": step.model_inputs, "artifacts": artifacts}
     error, stage, output = outcome
     if error is None:
         return _clean(ctx, step, output, facts)
@@ -79,11 +79,71 @@ def shape_trace(ctx: ProbeContext) -> ProbeResult:
     at = f" ({where(frame)})" if frame else ""
     layer = f"{failing.label} ({type(failing.module).__name__})" if failing is not None else f"the {stage}"
     detail = f"{explanation}; " if explanation else ""
-    detail += f"{layer} raises {exception_line(error)}{at}"
+    detail += f"{layer} raises {exception_line(error)}{at}" + _guessed(step)
     original = ctx.incident.exception
     same = original is None or original.short_type == type(error).__name__
     facts.update(layer=failing.label if failing else stage, exception=type(error).__name__)
+    if failing is not None:
+        facts.update(_layer_facts(failing, records))
+    elif stage == "loss":
+        facts.update(_loss_facts(step, output))
     return result(NAME, "confirmed" if same else "inconclusive", detail, **facts)
+
+
+# What each layer type expects of its input: (the constructor argument, the input dimension that must match it).
+_EXPECTS = ((nn.Linear, "in_features", -1), (nn.Bilinear, "in1_features", -1), (nn.RNNBase, "input_size", -1),
+            (nn.RNNCellBase, "input_size", -1), (nn.modules.conv._ConvNd, "in_channels", None),
+            (nn.modules.batchnorm._BatchNorm, "num_features", 1), (nn.GroupNorm, "num_channels", 1))
+
+
+def _loss_facts(step: Step, output) -> dict:
+    """For a loss that raises: `layer_class` (the loss), `input_shape` (the model's output as the loss got it) and
+    `target_shape` (its other tensor argument)."""
+    loss = step.loss_call
+    name = type(loss.fn).__name__ if isinstance(loss.fn, nn.Module) else getattr(loss.fn, "__name__", "loss")
+    tensors = [a for a in loss.inputs.args if isinstance(a, torch.Tensor)]
+    if any(a is ModelOutput for a in loss.inputs.args):
+        tensors.insert(0, first_tensor(output))  # _trace gave the loss the replayed model's output there
+    given = tensors[0] if tensors else None
+    target = loss.inputs.kwargs.get("target", tensors[1] if len(tensors) >= 2 else None)
+    return {"layer_path": None, "layer_class": name, "input_shape": list(given.shape) if given is not None else None,
+            "target_shape": list(target.shape) if isinstance(target, torch.Tensor) else None}
+
+
+def _layer_facts(failing: Record, records: list[Record]) -> dict:
+    """Facts about the layer that raised, for the rules: `layer_path`, `layer_class`, `input_shape`; where the
+    layer type has one, `expects` (its constructor argument: in_features, in_channels, num_features, input_size,
+    normalized_shape), `in_features` (the size it expects) and `received` (the size it got); and the layer that
+    produced its input: `producer`, `producer_class`, `producer_shape` (null when it was the model's input)."""
+    module = failing.module
+    x = failing.inputs[0] if failing.inputs else None
+    facts: dict = {"layer_path": failing.path, "layer_class": type(module).__name__, "input_shape": x,
+                   "expects": None, "in_features": None, "received": None}
+    for kind, argument, dim in _EXPECTS:
+        if isinstance(module, kind) and x:
+            if dim is None:  # a conv: channels are dim 1 of a batched input, dim 0 of an unbatched one
+                dim = 1 if len(x) == len(module.kernel_size) + 2 else 0
+            facts.update(expects=argument, in_features=getattr(module, argument),
+                         received=x[dim] if -len(x) <= dim < len(x) else None)
+            break
+    else:
+        if isinstance(module, nn.LayerNorm) and x:
+            want = list(module.normalized_shape)
+            facts.update(expects="normalized_shape", in_features=want, received=x[-len(want):])
+    wanted = facts["received"] if facts["expects"] in ("in_features", "in1_features") else None
+    per_sample = math.prod(x[1:]) if x and len(x) >= 2 else None
+    found = (_producer(records, failing, size) for size in (wanted, per_sample) if size is not None)
+    source = next((record for record in found if record is not None), None)
+    facts.update(producer=source.label if source else None,
+                 producer_class=type(source.module).__name__ if source else None,
+                 producer_shape=source.outputs[0] if source and source.outputs else None)
+    return facts
+
+
+def _guessed(step: Step) -> str:
+    if step.model_inputs != "batch" or step.model is None:
+        return ""
+    return f" (no call of {type(step.model.module).__name__} was recorded: its inputs were taken from the batch)"
 
 
 def _trace(step: Step, records: list[Record]):
@@ -201,7 +261,7 @@ def _clean(ctx: ProbeContext, step: Step, output, facts: dict) -> ProbeResult:
     original = ctx.incident.exception
     if original is not None and step.model_call is None:
         detail = f"the failing layer runs on these inputs without a size error (output {shape})"
-    return result(NAME, "refuted", detail + ": the sizes that failed are not in this step", **facts)
+    return result(NAME, "refuted", detail + ": the sizes that failed are not in this step" + _guessed(step), **facts)
 
 
 def _write(ctx: ProbeContext, records: list[Record]) -> list[str]:

@@ -3,10 +3,12 @@
 In an experiment's child (sandbox.py) the user's own CPU modules and tensors are
 used as they are; only device tensors are replaced (see _support.cpu_copy).
 
-The wrapper records the arguments of the model's and the loss's latest calls;
-without it the traceback gives the model's call (see calls.py) and the batch
-gives the rest: `(inputs, targets)` tuples, `{"input_ids": ..., "labels": ...}`
-dicts, or a single tensor.
+The model is replayed with the call the script really made: from the traceback
+when the failure is inside its forward, else as the runner recorded it (see
+calls.py), or as `triage.watch(record_calls=True)` recorded it. Only without
+any record does the batch stand in (`(inputs, targets)` tuples,
+`{"input_ids": ..., "labels": ...}` dicts, or a single tensor), and only where
+it fits the forward's signature; a step that cannot be rebuilt says why.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._support import Inputs, ModuleCopy, Unavailable, cpu_copy, cpu_inputs, iter_tensors, module_names, no_batch_hint
+from ._support import (Inputs, ModuleCopy, Unavailable, cpu_copy, cpu_inputs, describe, iter_tensors, module_names,
+                       no_batch_hint)
 from .context import ProbeContext
 
 _TARGET_KEYS = ("labels", "label", "targets", "target", "y", "mask_labels", "class_labels")
@@ -47,6 +50,8 @@ class Step:
     loss_call: Call | None = None
     failing_call: Call | None = None
     notes: list[str] = field(default_factory=list)
+    # Where the model call's inputs came from: "call" (the call the script made) or "batch" (a guess); None: no call.
+    model_inputs: str | None = None
 
     @property
     def names(self) -> dict[int, str]:
@@ -85,10 +90,9 @@ def rebuild(ctx: ProbeContext, poisoned: bool, device: str = "cpu", with_failing
     names = module_names(ctx.model) if isinstance(ctx.model, nn.Module) else {}
     if isinstance(ctx.model, nn.Module):
         step.model = cpu_copy(ctx.model, poisoned, device=device)
-        args, kwargs, target = batch_parts(ctx, ctx.model.forward)
-        if ctx.model_args is not None:
-            args, kwargs = ctx.model_args, ctx.model_kwargs or {}
+        args, kwargs, target = _model_inputs(ctx, step.notes)
         if args is not None:
+            step.model_inputs = "call" if ctx.model_args is not None else "batch"
             inputs = cpu_inputs(args, kwargs, ctx.batch, poisoned)
             step.model_call = Call("model", step.model.module, _to_device(inputs, device))
         loss = _loss_copy(ctx.loss_fn, poisoned, device)
@@ -110,13 +114,51 @@ def rebuild(ctx: ProbeContext, poisoned: bool, device: str = "cpu", with_failing
         inputs = cpu_inputs(tuple(ctx.module_args or ()), ctx.module_kwargs or {}, ctx.batch, poisoned)
         step.failing_call = Call("failing call", module, _to_device(inputs, device), path)
     if step.model_call is None and step.failing_call is None:
-        raise Unavailable(_why_nothing_to_run(ctx))
+        raise Unavailable(_why_nothing_to_run(ctx, step.notes))
     return step
 
 
-def _why_nothing_to_run(ctx: ProbeContext) -> str:
+def _model_inputs(ctx: ProbeContext, notes: list[str]) -> tuple[tuple | None, dict[str, Any], Any]:
+    """(args, kwargs, target) of the model's call: the call itself (from the traceback or the runner's record) when
+    known. Without a record, the batch stands in only where it fits the forward's signature; under the runner,
+    which records every call, a model with no recorded call was not called before the failure: nothing is guessed.
+    The target (for a loss call rebuilt from the batch) always comes from the batch."""
+    guessed_args, guessed_kwargs, target = batch_parts(ctx, ctx.model.forward)
+    if ctx.model_args is not None:
+        return ctx.model_args, ctx.model_kwargs or {}, target
+    name = type(ctx.model).__name__
+    if ctx.calls_recorded:
+        notes.append(ctx.model_call_note or f"no call of {name} was recorded before the failure, so there is none "
+                     "to replay")
+        return None, {}, target
+    if guessed_args is None:
+        return None, {}, target
+    signature = _signature(ctx.model.forward)
+    if signature is not None:
+        try:
+            signature.bind(*guessed_args, **guessed_kwargs)
+        except TypeError:
+            given = ", ".join(describe(t) for _, t in iter_tensors((guessed_args, guessed_kwargs)))
+            notes.append(f"{name}.forward{signature} cannot take the batch's {given}, and no call of the model was "
+                         "recorded (run under `python -m triage`, or `triage.watch(..., record_calls=True)`)")
+            return None, {}, target
+    return guessed_args, guessed_kwargs, target
+
+
+def _signature(forward: Any) -> inspect.Signature | None:
+    try:
+        return inspect.signature(forward)
+    except (TypeError, ValueError):
+        return None
+
+
+def _why_nothing_to_run(ctx: ProbeContext, notes: list[str]) -> str:
+    if ctx.model_call_note:
+        return ctx.model_call_note
     if ctx.model is None and ctx.module is None:
         return "no live model: run under `python -m triage` or `triage.watch(model=...)`"
+    if notes:
+        return notes[-1]
     if ctx.batch is None:
         return f"the model's inputs are unknown: the failure came outside a model call ({no_batch_hint()})"
     return "the model's inputs cannot be built from the batch"

@@ -1,10 +1,13 @@
-"""Automatic progress hooks in the child: DataLoader iteration and optimizer steps feed the Tracker and the heartbeat.
+"""Automatic hooks in the child: DataLoader iteration and optimizer steps feed the Tracker and the heartbeat; the
+outermost module calls are recorded for the probes.
 
 Nothing imports torch here: a watcher on `sys.meta_path` installs the torch
 hooks right after the script's own `import torch` finishes, so a script that
 never imports torch pays nothing. Per batch the cost is one wrapper call, a
 weak-dictionary lookup and a struct write into a shared memory map; memory is
-sampled at most once a second.
+sampled at most once a second. Per call of the model or the loss (after the
+first optimizer step, of nothing else) it is one Python frame and a few
+dictionary operations.
 """
 
 from __future__ import annotations
@@ -182,6 +185,7 @@ class TorchHooks:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._wrap_iteration(dataloader)
+        record_outer_calls(self.tracker)
         tracker = self.tracker
         if self.feed_tracker:
 
@@ -282,6 +286,74 @@ class TorchHooks:
 
 _UNCHANGED = object()
 _kept_files: list = []
+
+
+def record_outer_calls(tracker) -> Callable[[], None]:
+    """Keep every outermost nn.Module call in `tracker` (module, args, kwargs by reference); returns the undo.
+
+    The probes replay the call the script really made (a model's forward may take text and offsets, or
+    keyword arguments; a GAN has two networks) instead of guessing it from the batch. A global forward hook
+    would send every layer's call down torch's slow path (about 2 µs each); instead `nn.Module.__call__` is
+    wrapped until the first optimizer step, which is enough to see the class of every module called from
+    outside a forward (the model, the loss, a GAN's two networks); from then on only those classes carry the
+    wrapper, so the layers inside a model cost nothing. A call made while another is running is nested and
+    passes straight through; so does everything while dynamo traces (its guards then never depend on
+    triage's state) or while a probe replays the step.
+    """
+    import torch
+    from torch import nn
+
+    original = nn.Module.__call__
+    compiling = torch.compiler.is_compiling
+    tensor_type = torch.Tensor
+    ref = weakref.ref
+    wrapped: list[type] = []
+
+    def __call__(self, *args, **kwargs):
+        if tracker.call_depth or tracker.suspended or compiling():
+            return original(self, *args, **kwargs)
+        if nn.Module.__call__ is __call__:  # still discovering the classes called from outside every forward
+            if tracker.steps:
+                nn.Module.__call__ = original
+            else:
+                cls = type(self)
+                if cls not in wrapped and getattr(cls, "__call__", None) is __call__:  # no __call__ of its own
+                    cls.__call__ = __call__
+                    wrapped.append(cls)
+        # The module's latest call, filed last (inline: once or twice a step, each frame costs microseconds).
+        calls, key = tracker.outer_calls, id(self)
+        entry = calls.pop(key, None)
+        if entry is None or entry.module_ref() is not self:
+            entry = tracker.new_outer_call(self)
+        steps = tracker.steps
+        entry.args, entry.kwargs, entry.output = args, kwargs, None
+        entry.repeats = entry.repeats + 1 if entry.step == steps else 1
+        entry.step = steps
+        calls[key] = entry
+        tracker.call_depth = 1
+        try:
+            output = original(self, *args, **kwargs)
+        finally:
+            tracker.call_depth = 0
+        main = output if isinstance(output, tensor_type) else (
+            output[0] if type(output) is tuple and output and isinstance(output[0], tensor_type) else None)
+        if main is not None:
+            entry.output = ref(main)
+        return output
+
+    nn.Module.__call__ = __call__
+    tracker.calls_recorded = True
+
+    def undo() -> None:
+        if nn.Module.__call__ is __call__:
+            nn.Module.__call__ = original
+        for cls in wrapped:
+            if cls.__dict__.get("__call__") is __call__:
+                del cls.__call__
+        wrapped.clear()
+        tracker.calls_recorded = False
+
+    return undo
 
 
 def worker_started(user_init, channel_path: str, worker_id: int) -> None:
