@@ -449,3 +449,12 @@ def test_side_frames_round_trip_through_the_json_contract():
     assert back.side_label == "user code" and back.side_user_frame().line == 6
     # An exception without a side stack keeps the keys it always had.
     assert set(parse_text("RuntimeError: boom\n").to_dict()["exception"]) == {"type", "message", "frames"}
+
+
+def test_a_conda_or_python_install_s_lowercase_lib_on_windows_is_the_stdlib_not_user_code():
+    from triage.incident import is_user_path
+
+    assert not is_user_path(r"E:\Anaconda3\envs\mutual\lib\multiprocessing\reduction.py")
+    assert not is_user_path(r"C:\Users\a\AppData\Local\Programs\Python\Python36\lib\threading.py")
+    assert not is_user_path(r"C:\Users\me\Miniconda3\lib\pickle.py")
+    assert is_user_path(r"D:\proj\lib\utils.py") and is_user_path("/home/u/proj/lib/x.py")

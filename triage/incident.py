@@ -14,6 +14,7 @@ _LIBRARY_PATH = re.compile(
       [\\/](?:site|dist)-packages[\\/]
     | [\\/]lib[\\/]python\d(?:\.\d+)?[\\/]        # CPython's standard library (posix)
     | [\\/]Lib[\\/](?!site-packages)              # CPython's standard library (windows)
+    | (?i:\\(?:envs\\[^\\]+|anaconda\d*|miniconda\d*|python\d*)\\lib\\)(?!site-packages)   # conda/venv stdlib (windows)
     | [\\/](?:torch|torchvision|torchaudio|transformers|accelerate|lightning|pytorch_lightning|lightning_fabric
               |deepspeed|timm|peft|diffusers|datasets|torchmetrics|apex|fairscale|xformers|triton|numpy|tqdm)[\\/]
               (?!(?:.*[\\/])?(?:examples|scripts)[\\/])   # a clone's examples are someone's own scripts
