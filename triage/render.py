@@ -148,7 +148,7 @@ def other_fixes(diagnosis: Diagnosis) -> list[str]:
         if option is leading:
             continue
         verdict = f" ({_verdict_text(option)})" if option.verdict else ""
-        notes.append(f"{'tried' if option.verdict == 'fails' else 'or'}: {option.text}{verdict}")
+        notes.append(f"tried: {option.text}{verdict}" if option.verdict == "fails" else f"{option.text}{verdict}")
     return notes
 
 
