@@ -619,7 +619,7 @@ def test_the_pipeline_leads_with_the_fix_a_trial_verified(script, tmp_path):
     assert as_json["fix_id"] == "shift-labels" and as_json["fix"] == "Subtract 1 from the labels."
     markdown = to_markdown(report)
     assert "**Fix.** Subtract 1 from the labels. (fix verified: with labels - 1 (now 0..9) the step runs" in markdown
-    assert "- or: Cast the labels to long. (not tried: the target is already int64)" in markdown
+    assert "- Cast the labels to long. (not tried: the target is already int64)" in markdown
 
 
 def test_the_pipeline_moves_a_failed_fix_below_the_next_candidate(script, tmp_path):
