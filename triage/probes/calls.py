@@ -74,7 +74,7 @@ def recorded_model_call(tracker: Any, exc: BaseException | None, given: tuple = 
     input is another recorded call's output (`head(blocks(embed(tokens)))`), other modules were called in the
     same step (a teacher and a student), it was called several times in the step (a siamese encoder) or the
     loss was computed by plain code (no loss module was called): no one recorded call replays the step, and
-    picking one would test the wrong code.
+    picking one would test the wrong code. With no exception (a silent failure) the latest model call is it.
     """
     calls = [c for c in tracker.latest_calls() if not is_loss(c.module)] if tracker is not None else []
     if not calls:
@@ -82,7 +82,11 @@ def recorded_model_call(tracker: Any, exc: BaseException | None, given: tuple = 
     passed = {id(value) for value in given} | _callee_values(exc)
     outputs = [(c, c.output() if c.output is not None else None) for c in calls]
     chosen = next((c for c, output in reversed(outputs) if output is not None and id(output) in passed), None)
-    if chosen is None:
+    if chosen is None and exc is None:
+        # No failure to reproduce (a run that finished without learning): the experiments compare the model's own
+        # last call with itself (eager against compiled, run against run), so that call is the one to replay.
+        chosen = calls[-1]
+    elif chosen is None:
         chosen = calls[-1]
         inputs = {id(value) for value in _shallow(chosen.args) + _shallow(tuple(chosen.kwargs.values()))}
         feeders = [c for c, output in outputs[:-1] if output is not None and id(output) in inputs]
