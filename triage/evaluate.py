@@ -171,7 +171,8 @@ def _has_cuda() -> bool:
 def _run_script(path: Path, expectation: dict[str, Any]) -> CaseResult:
     if expectation.get("requires") == "cuda" and not _has_cuda():
         # Such a script fails only on a GPU; here it must simply succeed, and triage add nothing.
-        expectation = {**expectation, "category": None, "rule": None, "facts": [], "exit_code": 0}
+        expectation = {**expectation, "category": None, "rule": None, "facts": [], "exit_code": 0, "cause_id": None,
+                       "fix_id": None}
     result = _new_result(path, "script", expectation)
     result.expected_exit = expectation.get("exit_code", 1)
     with tempfile.TemporaryDirectory(prefix="triage-eval-") as tmp:
