@@ -43,3 +43,16 @@ def run_triage(*args, input=None, cwd=None, **env):
         [sys.executable, "-m", "triage", *map(str, args)],
         input=input, capture_output=True, cwd=cwd or ROOT, env=triage_env(**env), timeout=120,
     )
+
+
+@pytest.fixture(autouse=True)
+def _default_signal_handlers():
+    """A test that leaves Ctrl-C ignored (Lightning ignores SIGINT while it shuts down) would pass SIG_IGN on to
+    every process a later test starts, and a forwarded SIGINT would then do nothing: restore the handlers."""
+    import signal
+
+    saved = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for number, handler in saved.items():
+        if signal.getsignal(number) is not handler and handler is not None:
+            signal.signal(number, handler)

@@ -9,6 +9,7 @@ the partial layer is not cached.
 from __future__ import annotations
 
 import difflib
+import gc
 import os
 import time
 from dataclasses import dataclass, field
@@ -216,6 +217,19 @@ def load_layers(layers: list) -> KnowledgeBase:
     validates in every layer; then each layer's rules replace same-id rules of
     earlier layers (in place, keeping their rank); then disabled ids are removed.
     """
+    # Validation allocates many small objects: in a process with a large heap (a notebook, a training script
+    # calling install()) the cyclic collector's full passes would cost more than the loading itself, and count
+    # against the load budget. Nothing built here forms cycles that must be freed before it returns.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _load_layers(layers)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _load_layers(layers: list) -> KnowledgeBase:
     from . import safe_regex, templates
 
     safe_regex.reset_budgets()  # the rules in force now start with whole time budgets
