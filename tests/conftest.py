@@ -51,6 +51,8 @@ def _default_signal_handlers():
     every process a later test starts, and a forwarded SIGINT would then do nothing: restore the handlers."""
     import signal
 
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # left ignored before this test (at an import, say)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     saved = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
     yield
     for number, handler in saved.items():
