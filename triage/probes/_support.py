@@ -68,6 +68,19 @@ def innermost_user_frame(stack: list[traceback.FrameSummary] | None) -> tracebac
     return None
 
 
+def torch_frame_locals(exc: BaseException | None, filename: str, function: str) -> dict[str, Any] | None:
+    """The locals of the outermost frame of torch's `function` in `filename` (e.g. "serialization.py", "load") on
+    the exception's traceback: the arguments torch itself was given."""
+    tb = exc.__traceback__ if exc is not None else None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        path = code.co_filename.replace("\\", "/")
+        if code.co_name == function and path.endswith("/" + filename) and "/torch/" in path:
+            return tb.tb_frame.f_locals
+        tb = tb.tb_next
+    return None
+
+
 def where(frame: traceback.FrameSummary | None) -> str:
     """`file:line in function: `code`` for a frame, '' for None."""
     if frame is None:

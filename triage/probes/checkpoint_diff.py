@@ -20,7 +20,7 @@ from collections import Counter
 from typing import Any
 
 from ..diagnosis import ProbeResult
-from ._support import result
+from ._support import result, torch_frame_locals
 from .context import ProbeContext
 
 NAME = "checkpoint_diff"
@@ -28,25 +28,13 @@ SHOWN = 3  # keys quoted in a detail
 
 
 def checkpoint_diff(ctx: ProbeContext) -> ProbeResult:
-    loading = _torch_frame(ctx, "module.py", "load_state_dict")
+    loading = torch_frame_locals(ctx.exception, "module.py", "load_state_dict")
     if loading is not None:
         return _compare(ctx, loading.get("self"), loading.get("state_dict"))
-    reading = _torch_frame(ctx, "serialization.py", "load")
+    reading = torch_frame_locals(ctx.exception, "serialization.py", "load")
     if reading is not None:
         return _read_file(ctx, reading.get("f"), reading.get("map_location"))
     return result(NAME, "skipped", "neither torch's load_state_dict nor torch.load is on the failing stack")
-
-
-def _torch_frame(ctx: ProbeContext, filename: str, function: str) -> dict[str, Any] | None:
-    """The locals of the outermost frame of torch's `function` in `filename` on the failing traceback."""
-    tb = ctx.exception.__traceback__ if ctx.exception is not None else None
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        path = code.co_filename.replace("\\", "/")
-        if code.co_name == function and path.endswith(filename) and "/torch/" in path:
-            return tb.tb_frame.f_locals
-        tb = tb.tb_next
-    return None
 
 
 # ------------------------------------------------------------------------------------------ key comparison

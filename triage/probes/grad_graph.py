@@ -31,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..diagnosis import ProbeResult
 from . import source_step
-from ._support import Unavailable, innermost_user_frame, iter_tensors, result
+from ._support import Unavailable, innermost_user_frame, iter_tensors, result, torch_frame_locals
 from .context import ProbeContext
 
 NAME = "grad_graph"
@@ -213,22 +213,12 @@ def _short(path: str) -> str:
 
 
 def _non_scalar(ctx: ProbeContext) -> ProbeResult:
-    tensor = _torch_local(ctx, "_tensor.py", "backward", "self")
+    tensor = (torch_frame_locals(ctx.exception, "_tensor.py", "backward") or {}).get("self")
     if not isinstance(tensor, torch.Tensor):
         return result(NAME, "skipped", "the tensor backward() was called on is not on the failing stack")
     shape = list(tensor.shape)
     return result(NAME, "confirmed", f"backward() was called on a tensor of shape {shape} ({tensor.numel()} "
                   "values), not a single number", shape=shape, numel=tensor.numel())
-
-
-def _torch_local(ctx: ProbeContext, filename: str, function: str, name: str) -> Any:
-    tb = ctx.exception.__traceback__ if ctx.exception is not None else None
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if code.co_name == function and code.co_filename.replace("\\", "/").endswith("torch/" + filename):
-            return tb.tb_frame.f_locals.get(name)
-        tb = tb.tb_next
-    return None
 
 
 def _empty_parameters(ctx: ProbeContext) -> ProbeResult:
