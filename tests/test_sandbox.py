@@ -312,3 +312,22 @@ def test_a_batch_in_shared_memory_is_copied_before_the_replay_writes_to_it():
     outcome = isolated(cpu_rerun, ctx)
     assert outcome.status == "confirmed", outcome.detail
     assert torch.equal(batch, seen)  # python's one doubling, not a second one from the replay
+
+
+def test_relative_paths_in_the_child_read_the_runs_files_and_writes_stay_in_the_child(tmp_path, monkeypatch):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "log.txt").write_text("before\n")
+    monkeypatch.chdir(tmp_path)
+
+    def relative_io():
+        with open("log.txt", "a") as f:  # an existing file of the run: its write goes to the shadow copy
+            f.write("from the child\n")
+        with open("made.txt", "w") as f:  # a new relative file: made in the child's own folder
+            f.write("x")
+        return open("data/train.csv").read(), os.path.exists("data/train.csv"), sorted(os.listdir("data"))
+
+    outcome = sandbox.run(relative_io, 20)
+    assert outcome.value == ("a,b\n1,2\n", True, ["train.csv"])
+    assert (tmp_path / "log.txt").read_text() == "before\n" and not (tmp_path / "made.txt").exists()
+    assert outcome.redirected == [str(tmp_path / "log.txt")]

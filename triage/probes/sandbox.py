@@ -6,8 +6,9 @@ namespaces stays in the child. What fork does not isolate is handled as the
 child starts: file descriptors (shared with the parent) are made private
 (stdin and everything writable point at /dev/null, stdout and stderr at capture
 files, readable regular files are reopened at their own offset), the working
-directory is a private temp folder, Python-level writes to files outside it
-go to shadow copies inside it (so that a log line in `forward` does not stop
+directory is a private temp folder whose entries link to the run's (relative
+reads find the user's files), Python-level writes to files outside it go to
+shadow copies inside it (so that a log line in `forward` does not stop
 the experiment), and an audit hook refuses what else would reach outside:
 other file writes, subprocesses, forks, sockets, signals and `os._exit`.
 `torch.save` and `torch.distributed`'s collectives are stubbed. The child
@@ -44,6 +45,8 @@ CAPTURE_BYTES = 64 * 1024
 RESULT_BYTES = 16 * 1024**2
 # Largest file copied into the child's folder when the experiment appends to it or updates it.
 SHADOW_COPY_BYTES = 64 * 1024**2
+# Most entries of the run's working folder linked into the child's own (a home folder can hold thousands).
+MIRRORED_ENTRIES = 4096
 
 _CHILD_EXIT_DONE = 0
 _CHILD_EXIT_BROKEN = 70
@@ -383,7 +386,7 @@ def _isolate(folder: str, allowed: list[str], write_end: int, budget: int, limit
     _fresh_std_streams()
     faulthandler.enable(file=stack_file)  # a crash of the experiment is written here, not in the run's crash file
     faulthandler.dump_traceback_later(max(limit_s, 0.01), file=stack_file)
-    os.chdir(folder)
+    os.chdir(_mirror_working_folder(folder))
     os.environ["TMPDIR"] = folder
     tempfile.tempdir = folder
     sys.dont_write_bytecode = True
@@ -399,6 +402,27 @@ def _isolate(folder: str, allowed: list[str], write_end: int, budget: int, limit
     if posix is not None:
         posix._exit = _refuse_exit
     sys.addaudithook(_audit_hook(roots))
+
+
+def _mirror_working_folder(folder: str) -> str:
+    """A working folder of the child's own whose entries link to the run's: `open("data/train.csv")` and
+    `os.path.exists("ckpt.pt")` in the replayed code find the user's files, a new relative file is made in the
+    child's folder, and a write to a linked file resolves outside it (the shadow copy or the audit hook's refusal)."""
+    mirror = os.path.join(folder, "cwd")
+    os.mkdir(mirror)
+    try:
+        entries = os.scandir(os.getcwd())
+    except OSError:  # the run's working folder was deleted or is unreadable: nothing to link
+        return mirror
+    with entries:
+        for count, entry in enumerate(entries):
+            if count >= MIRRORED_ENTRIES:
+                break
+            try:
+                os.symlink(entry.path, os.path.join(mirror, entry.name))
+            except OSError:
+                continue
+    return mirror
 
 
 def _private_fds(folder: str, keep: set[int]) -> None:
