@@ -497,3 +497,14 @@ def test_untyped_message_beside_a_log_line_rule(tmp_path, text, leading, typed):
     report = explain_log(str(path), load_builtin())
     assert report.leading.rule == leading
     assert (report.incident.exception is not None) == typed
+
+
+def test_error_glued_after_padding_onto_a_flush_code_line_is_split_off():
+    # A wide paste lost the newline between the frame's code and the error, leaving the code line's padding between.
+    text = ('File "/env/lib/python3.7/site-packages/seglib/metrics.py", line 69, in f_score\n'
+            "tp = torch.sum(gt * pr)" + " " * 90 + "RuntimeError: expected backend CUDA and dtype Double but got backend"
+            " CUDA and dtype Float\n")
+    exc = parse_text(text).exception
+    assert exc.type == "RuntimeError"
+    assert exc.message == "expected backend CUDA and dtype Double but got backend CUDA and dtype Float"
+    assert exc.frames[0].code == "tp = torch.sum(gt * pr)"
