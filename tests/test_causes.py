@@ -251,3 +251,35 @@ def test_lint_of_one_built_in_file_reports_its_yaml_errors(tmp_path, monkeypatch
     assert rules_main(["lint", str(broken)]) == 1
     assert "duplicate key 'kind'" in capsys.readouterr().out
     assert rules_main(["lint", str(builtin / "shape.yaml")]) == 0
+
+
+LIBRARY_LINE_RULE = """\
+- id: team.metric-dtype
+  category: dtype
+  title: A metric mixes dtypes
+  match:
+    exception: RuntimeError
+    message: 'expected backend \\w+ and dtype (?P<want>\\w+) but got backend \\w+ and dtype (?P<got>\\w+)'
+  hypothesis: One side is {{ got }}, the other {{ want }}.
+  fix: Cast one side.
+  causes:
+    - id: ground-truth-operand
+      when: frames and 'gt' in frames[-1].code
+      hypothesis: '`{{ frames[-1].code }}` in {{ frames[-1].function }} takes the ground truth.'
+      fix: Cast the ground truth.
+  examples:
+    match: ['RuntimeError: expected backend CUDA and dtype Double but got backend CUDA and dtype Float']
+    no_match: ['RuntimeError: expected scalar type Float but found Double']
+"""
+
+
+def test_causes_can_read_the_library_line_that_raised(tmp_path):
+    log = ('Traceback (most recent call last):\n  File "/home/u/train.py", line 9, in <module>\n    score = f_score(pr, gt)\n'
+           '  File "/usr/lib/python3.7/site-packages/seglib/functions.py", line 69, in f_score\n    tp = torch.sum(gt * pr)\n'
+           "RuntimeError: expected backend CUDA and dtype Double but got backend CUDA and dtype Float\n")
+    _, diagnosis = diagnosis_for(tmp_path, log, rule=LIBRARY_LINE_RULE)
+    assert diagnosis.cause == "team.metric-dtype/ground-truth-operand"
+    assert diagnosis.hypothesis == "`tp = torch.sum(gt * pr)` in f_score takes the ground truth."
+    assert diagnosis.context["frame"]["function"] == "<module>"  # `frame` stays the user's own line
+    _, bare = diagnosis_for(tmp_path, log.split("\n")[-2] + "\n", rule=LIBRARY_LINE_RULE)
+    assert bare.cause == "team.metric-dtype"  # no traceback: no frames, nothing chosen

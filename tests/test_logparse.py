@@ -458,3 +458,53 @@ def test_a_conda_or_python_install_s_lowercase_lib_on_windows_is_the_stdlib_not_
     assert not is_user_path(r"C:\Users\a\AppData\Local\Programs\Python\Python36\lib\threading.py")
     assert not is_user_path(r"C:\Users\me\Miniconda3\lib\pickle.py")
     assert is_user_path(r"D:\proj\lib\utils.py") and is_user_path("/home/u/proj/lib/x.py")
+
+
+UNTYPED_ERROR_THEN_ARCH_WARNING = (
+    "CUDA error: no kernel image is available for execution on the device CUDA kernel errors might be asynchronously "
+    "reported at some other API call, so the stacktrace below might be incorrect.\n"
+    "Step 0 of 2000\n"
+    "C:\\venv\\Lib\\site-packages\\torch\\cuda\\__init__.py:287: UserWarning: \n"
+    "NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible with the current PyTorch installation.\n"
+    "The current PyTorch install supports CUDA capabilities sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90.\n"
+)
+RANKS_REPEAT_WHAT_THE_LOG_RULE_READ = "".join(
+    f"[rank{n}]:[E321 02:07:08.4 ProcessGroupNCCL.cpp:607] [Rank {n}] Watchdog caught collective operation timeout: "
+    f"WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, Timeout(ms)=600000) ran for 600060 "
+    "milliseconds before timing out.\n" for n in range(3)
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "leading", "typed"),
+    [
+        # a log-line rule read the start-up warning; the untyped error on another line is still the failure
+        (UNTYPED_ERROR_THEN_ARCH_WARNING, "cuda-env.no-kernel-image-arch", True),
+        # every rank prints the line the log rule read: no copy of it becomes an exception
+        (RANKS_REPEAT_WHAT_THE_LOG_RULE_READ, "distributed.nccl-watchdog-timeout-in-log", False),
+        # the untyped message is the very line the log rule read
+        ('"CUDA out of memory. Tried to allocate 1.79 GiB (GPU 0; 12.00 GiB total capacity; 8.93 GiB already allocated; '
+         '0 bytes free; 11.21 GiB reserved in total by PyTorch)"\n', "oom.gpu-out-of-memory-in-log", False),
+    ],
+    ids=["error-beside-warning", "ranks-repeat-the-read-line", "message-is-the-read-line"],
+)  # fmt: skip
+def test_untyped_message_beside_a_log_line_rule(tmp_path, text, leading, typed):
+    from triage.explain import explain_log
+    from triage.kb import load_builtin
+
+    path = tmp_path / "pasted.log"
+    path.write_text(text)
+    report = explain_log(str(path), load_builtin())
+    assert report.leading.rule == leading
+    assert (report.incident.exception is not None) == typed
+
+
+def test_error_glued_after_padding_onto_a_flush_code_line_is_split_off():
+    # A wide paste lost the newline between the frame's code and the error, leaving the code line's padding between.
+    text = ('File "/env/lib/python3.7/site-packages/seglib/metrics.py", line 69, in f_score\n'
+            "tp = torch.sum(gt * pr)" + " " * 90 + "RuntimeError: expected backend CUDA and dtype Double but got backend"
+            " CUDA and dtype Float\n")
+    exc = parse_text(text).exception
+    assert exc.type == "RuntimeError"
+    assert exc.message == "expected backend CUDA and dtype Double but got backend CUDA and dtype Float"
+    assert exc.frames[0].code == "tp = torch.sum(gt * pr)"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .diagnosis import Report
 from .kb.loader import KnowledgeBase
 from .kb.matcher import diagnose
@@ -29,6 +31,12 @@ def explain_log(path: str | None, kb: KnowledgeBase) -> Report:
     if not typed and not leading:
         # No exception line and no log-line rule: a known message pasted without its type still names the failure.
         adopt_known_message(incident, _known_message_finder(kb))
+    elif not typed and all(diagnosis.exception_index is None for diagnosis in leading):
+        # Only log-line rules matched (a start-up warning, a logger's line). A known message pasted without its type
+        # on another line is still the failure to explain; lines those rules read (each rank's copy too) are not.
+        read = {line.strip() for diagnosis in leading for line in diagnosis.values.get("log_match", "").split("\n")}
+        patterns = [pattern for rule in kb.rules if rule.id in {d.rule for d in leading} for pattern in rule.logs]
+        adopt_known_message(incident, _skipping_lines(_known_message_finder(kb), read - {""}, patterns))
     elif typed and (not leading or leading[0].category == PYTHON_CATEGORY):
         # A Python error (or none a rule knows) leads, but a PyTorch message sits on another line: a wrapper's
         # error, an echo, or prose around the paste. The PyTorch message is the failure to explain.
@@ -62,6 +70,22 @@ def _known_message_finder(kb: KnowledgeBase, pytorch_only: bool = False):
         return earliest
 
     return find
+
+
+def _skipping_lines(find, lines: set[str], patterns: list) -> Callable[[str], tuple[str, int] | None]:
+    """`find`, blind to the lines in `lines` and to lines one of `patterns` matches (blanked to the same length, so
+    every offset stays true)."""
+
+    def read(line: str) -> bool:
+        try:
+            return line.strip() in lines or any(pattern.search(line) for pattern in patterns)
+        except PatternTimeout:
+            return True
+
+    def recognise(text: str) -> tuple[str, int] | None:
+        return find("\n".join(" " * len(line) if read(line) else line for line in text.split("\n")))
+
+    return recognise
 
 
 _ORDINARY_LINES = "x\nepoch 3 step 100 loss 0.512 lr 0.001\nTraceback (most recent call last):\n  File \"train.py\", line 9, in <module>"

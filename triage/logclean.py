@@ -49,7 +49,8 @@ _TRACEBACK = "Traceback (most recent call last)"
 # its fixed tail, then its path walked back to where it starts (a regex from the path's start rescans long lines).
 _WARNING_TAIL = re.compile(r"\.py:\d{1,9}: [A-Z]\w{0,80}Warning: ")
 _GLUE_BEFORE_PATH = "!.)]'\""
-_GLUED_ERROR = re.compile(r"(?<=\))(?:[a-z_]\w*\.)*[A-Z]\w*Error: ")
+# An exception line run onto a code line that ends with `)`, directly or after the padding a wide paste left.
+_GLUED_ERROR = re.compile(r"(?<=\))[ \t]*(?P<error>(?:[a-z_]\w*\.)*[A-Z]\w*Error: )")
 # Where "Traceback" legitimately follows text on a line: IPython's header, a worker's
 # "Original Traceback", rich's box, and torch 0.x re-raising a worker's error with its traceback as the
 # message (`TypeError: Traceback (most recent call last):`).
@@ -102,7 +103,7 @@ def clean_lines(text: str, first_number: int = 1) -> list[LogLine]:
         if glued and glued.start() > 0:
             # A damaged paste: an exception line run onto the code line before it.
             out.append(LogLine(line[: glued.start()], number, rank, record_start))
-            line = line[glued.start() :]
+            line = line[glued.start("error") :]
         before, head, after = line.partition(_TRACEBACK)
         if head and before.strip() and not _KEEPS_TRACEBACK_ON_LINE.match(before):
             # An exception interrupting a progress bar prints its traceback on the bar's line.

@@ -261,6 +261,9 @@ def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame
     context: dict[str, Any] = {
         "exception": {"type": exc.type, "message": exc.message, "headline": exc.headline} if exc else None,
         "frame": _frame_values(frame) if frame else None,
+        # Every frame of the exception, outermost first: the library line that failed (a loss in a package, a
+        # summary() helper) is evidence too when the user frame alone does not show it.
+        "frames": [_frame_values(f) for f in exc.frames] if exc else [],
         # The innermost user frame of the stack printed beside the traceback: anomaly mode's forward
         # line (label "forward call") or the line Dynamo was tracing (label "user code").
         "side_frame": {**_frame_values(side), "label": exc.side_label} if side and exc else None,
