@@ -283,3 +283,79 @@ def test_causes_can_read_the_library_line_that_raised(tmp_path):
     assert diagnosis.context["frame"]["function"] == "<module>"  # `frame` stays the user's own line
     _, bare = diagnosis_for(tmp_path, log.split("\n")[-2] + "\n", rule=LIBRARY_LINE_RULE)
     assert bare.cause == "team.metric-dtype"  # no traceback: no frames, nothing chosen
+
+
+STRATEGY_RULE = """\
+- id: team.shm-open-failed
+  category: dataloader
+  title: Shared memory could not be opened
+  match:
+    exception: RuntimeError
+    message: 'unable to open shared memory object'
+  hypothesis: A tensor could not be shared.
+  fix: Share less.
+  causes:
+    - id: file-system-strategy
+      when: "'_share_filename_' in frames|map(attribute='code')|join(' ')"
+      hypothesis: The file_system strategy shared it.
+      fix: Switch strategy.
+    - id: resumed-run
+      when: "'resuming from' in log|lower"
+      hypothesis: The run was resumed.
+      fix: Resume elsewhere.
+  examples:
+    match: ['RuntimeError: unable to open shared memory object </torch_1_2> in read-write mode']
+    no_match: ['RuntimeError: unable to write to file </torch_1_2>']
+"""
+
+
+@pytest.mark.parametrize(
+    "log, cause",
+    [
+        # a library frame's code, which `frame` (the user's innermost frame) does not show
+        ('Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    q.put(t)\n'
+         '  File "/usr/lib/python3.11/site-packages/torch/multiprocessing/reductions.py", line 319, in reduce_storage\n'
+         '    metadata = storage._share_filename_()\nRuntimeError: unable to open shared memory object </torch_1_2>\n',
+         "team.shm-open-failed/file-system-strategy"),
+        # a log line outside the traceback
+        ("Resuming from epoch 3\nRuntimeError: unable to open shared memory object </torch_1_2>\n",
+         "team.shm-open-failed/resumed-run"),
+        ("epoch 3\nRuntimeError: unable to open shared memory object </torch_1_2>\n", "team.shm-open-failed"),
+    ],
+)
+def test_a_cause_can_read_every_frame_and_the_log_s_other_lines(tmp_path, log, cause):
+    _, diagnosis = diagnosis_for(tmp_path, log, rule=STRATEGY_RULE)
+    assert diagnosis.cause == cause
+
+
+def test_an_exception_with_no_user_frame_takes_the_user_s_line_from_the_exception_it_caused(tmp_path):
+    rule = """\
+    - id: team.worker-killed
+      category: dataloader
+      title: Worker killed
+      match:
+        exception: RuntimeError
+        message: 'is killed by signal'
+      hypothesis: Killed while running `{{ frame.code if frame else "nothing" }}`{% if location %} at {{ location }}{% endif %}.
+      fix: Use less memory.
+      examples:
+        match: ['RuntimeError: DataLoader worker (pid 7) is killed by signal: Killed.']
+        no_match: ['RuntimeError: DataLoader worker (pid(s) 7) exited unexpectedly']
+    """
+    kb = load_paths([write(tmp_path, rule)])
+    handler = ('Traceback (most recent call last):\n'
+               '  File "/usr/lib/python3.8/site-packages/torch/utils/data/_utils/signal_handling.py", line 66, in handler\n'
+               '    _error_if_any_worker_fails()\n'
+               'RuntimeError: DataLoader worker (pid 1817) is killed by signal: Killed.\n\n')
+    chained = ('The above exception was the direct cause of the following exception:\n\n'
+               'Traceback (most recent call last):\n  File "train.py", line 131, in <module>\n'
+               '    batches = [x for x in loader]\n'
+               '  File "/usr/lib/python3.8/site-packages/torch/utils/data/dataloader.py", line 1146, in _try_get_data\n'
+               "    raise RuntimeError(f'DataLoader worker (pid(s) {pids_str}) exited unexpectedly') from e\n"
+               'RuntimeError: DataLoader worker (pid(s) 1817) exited unexpectedly\n')
+    [diagnosis] = diagnose(parse_text(handler + chained), kb)
+    assert diagnosis.hypothesis == "Killed while running `batches = [x for x in loader]` at train.py:131 in <module>."
+    # two separate tracebacks are not a chain: the second one's line is not the first one's
+    separate = chained.replace("The above exception was the direct cause of the following exception:\n\n", "epoch 2\n")
+    [diagnosis] = diagnose(parse_text(handler + separate), kb)
+    assert diagnosis.hypothesis == "Killed while running `nothing`."

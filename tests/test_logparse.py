@@ -508,3 +508,22 @@ def test_error_glued_after_padding_onto_a_flush_code_line_is_split_off():
     assert exc.type == "RuntimeError"
     assert exc.message == "expected backend CUDA and dtype Double but got backend CUDA and dtype Float"
     assert exc.frames[0].code == "tp = torch.sum(gt * pr)"
+
+
+def test_a_cpp_exception_s_what_line_is_the_error_of_a_log_with_no_python_one():
+    watchdog = ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, "
+                "Timeout(ms)=600000) ran for 600042 milliseconds before timing out.")
+    backtrace = ("Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:609 (most recent call first):\n"
+                 "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f3079fb6f86 in libc10.so)\n")
+    thrown = parse_text("step 120 loss 0.31\nterminate called after throwing an instance of 'c10::DistBackendError'\n"
+                        f"  what():  {watchdog}\n{backtrace}")
+    assert (thrown.exception.type, thrown.exception.message) == ("c10::DistBackendError", watchdog)
+    # two threads dying at once print `what():` twice; a message wrapped onto the next line continues it
+    wrapped = parse_text(f"  what():    what():  [PG 0 Rank 1] Process group watchdog thread terminated with exception:\n"
+                         f" {watchdog}\n{backtrace}")
+    assert wrapped.exception.type == "std::exception"
+    assert wrapped.exception.message == f"[PG 0 Rank 1] Process group watchdog thread terminated with exception:\n {watchdog}"
+    # a Python exception in the log stays the error
+    python = parse_text(f"  what():  {watchdog}\nTraceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n"
+                        "    dist.barrier()\nRuntimeError: NCCL communicator was aborted\n")
+    assert python.exception.type == "RuntimeError"

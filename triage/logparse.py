@@ -800,6 +800,9 @@ def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
     found: list[ExceptionInfo] = []
     for index, line in enumerate(context):
         text = line.text
+        if _CPP_WHAT in text:
+            found.append(_cpp_exception(context, index))
+            continue
         if not ("Error" in text or "Exception" in text or "Interrupt" in text or "Exit" in text or "Failure" in text
                 or text.startswith("torch.")):
             continue
@@ -824,6 +827,33 @@ def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
         if len(found) >= MAX_EXCEPTIONS:
             break
     return found
+
+
+# std::terminate's report of an uncaught C++ exception: `terminate called after throwing an instance of 'T'` and
+# `  what():  <message>` (several threads dying at once print `what():` several times on one line).
+_CPP_WHAT = "what():"
+_CPP_THROWN = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']+)'")
+
+
+def _cpp_exception(context: list[LogLine], index: int) -> ExceptionInfo:
+    """The C++ exception whose `what():` text is on `context[index]`: its type from the `terminate called` line
+    above it when the paste has one (else `std::exception`, whose method `what()` is), its message the text after
+    the last `what():` and the lines that continue it."""
+    line = context[index]
+    message = [line.text.rsplit(_CPP_WHAT, 1)[1].strip()]
+    for follow in context[index + 1 : index + 40]:
+        if not follow.text.strip() or follow.record_start or follow.number != line.number + len(message):
+            break
+        if follow.text.startswith(("Exception raised from ", "frame #")):
+            break  # c10's own backtrace, printed after the message
+        message.append(follow.text)
+    thrown = None
+    for above in reversed(context[max(0, index - 3) : index + 1]):
+        thrown = _CPP_THROWN.search(above.text)
+        if thrown:
+            break
+    return ExceptionInfo(thrown.group("type") if thrown else "std::exception", "\n".join(message).strip(), [], rank=line.rank,
+                         line_no=line.number)
 
 
 # The statement that raised, typed at a debugger's or IPython's prompt or shown by IPython's arrow, on the line

@@ -159,6 +159,8 @@ def _diagnosis(
     if frame is None and exc is not None:
         # All of the traceback is library code (a compile error raised inside Dynamo): the side stack has the user's line.
         frame = exc.side_user_frame()
+    if frame is None and exc is not None:
+        frame = _user_frame_later_in_chain(incident, exc)
     if frame is None and incident.exception is not None:
         frame = incident.exception.user_frame()
     context = template_context(incident, exc, frame, values)
@@ -180,6 +182,22 @@ def _diagnosis(
     _render(diagnosis, rule, incident, exc, frame, warnings)
     diagnosis.evidence = _evidence(incident, exc, frame, values) + diagnosis.evidence
     return diagnosis
+
+
+def _user_frame_later_in_chain(incident: Incident, exc: ExceptionInfo) -> Frame | None:
+    """The user's line in an exception that `exc` led to ("The above exception was the direct cause of the following
+    exception"): an error raised in a signal handler or a library (a killed DataLoader worker) has no user frame of its
+    own, and the traceback printed after it shows the user's line that was running."""
+    chain = incident.exceptions
+    start = next((index for index, other in enumerate(chain) if other is exc), None)
+    if start is None:
+        return None
+    for later in chain[start + 1 :]:
+        if later.link is None:
+            return None  # a separate traceback, not a consequence of this one
+        if later.user_frame() is not None:
+            return later.user_frame()
+    return None
 
 
 def choose_cause(rule: Rule, context: dict[str, Any]) -> Cause | None:
@@ -277,6 +295,9 @@ def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame
         "exit_code": incident.exit_code,
         "facts": incident.facts,
         "log_match": values.get("log_match", ""),
+        # The log's lines outside the traceback (a command line, a "resuming from" line), for causes the error line
+        # alone cannot decide.
+        "log": "\n".join(incident.log_lines),
     }
     context.update(values)
     context["probe"] = {}  # the experiments' facts, once they have run (rechoose)
