@@ -176,3 +176,23 @@ def test_internal_errors_are_one_line_without_debug(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], input=LINEAR.encode(), capture_output=True, env=env, timeout=60)
     assert done.returncode == 70
     assert done.stderr.decode().strip() == "triage: internal error: RuntimeError: kaboom (set TRIAGE_DEBUG=1 for details)"
+
+
+def test_json_never_overwrites_a_file_that_is_not_a_triage_report(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(LINEAR)
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit(0)\n")
+    # `--json train.log`, meant as `--json out.json train.log`: the log is refused as the target, and kept
+    for command in (["explain", "--json", log], ["--json", log, script]):
+        done = run_triage(*command, input=b"")
+        assert done.returncode == 2, done.stderr
+        assert b"not a triage JSON report; not overwriting it" in done.stderr
+        assert log.read_text() == LINEAR
+    out = tmp_path / "out.json"
+    for _ in range(2):  # an earlier report at that path is replaced
+        done = run_triage("explain", log, "--json", out)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(out.read_text())["schema"] == "triage.report/1"
+    done = run_triage("explain", log, "--json", tmp_path)
+    assert done.returncode == 2 and b"it is a folder" in done.stderr

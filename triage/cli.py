@@ -15,6 +15,7 @@ from .cli_common import (  # noqa: F401 (UsageError and the statuses are re-expo
     UsageError,
     add_color,
     add_version,
+    check_json_target,
 )
 
 SUBCOMMANDS = ("explain", "rules", "run", "eval", "trust", "untrust")
@@ -111,8 +112,8 @@ def explain_parser() -> Parser:
     parser.add_argument("--format", choices=FORMATS, default=None, metavar="text|json|markdown",
                         help="what to print on standard output (default: text)")
     parser.add_argument("--json", metavar="FILE",
-                        help="also write the JSON report (triage.report/1) to FILE; `-` prints it on standard output "
-                             "instead of the text view")
+                        help="also write the JSON report (triage.report/1) to FILE (an existing file only if it is an earlier "
+                             "triage report); `-` prints it on standard output instead of the text view")
     parser.add_argument("--rules", action="append", default=[], metavar="PATH",
                         help="extra rule file or folder (repeatable)")
     add_color(parser)
@@ -127,6 +128,8 @@ def _explain(argv: list[str]) -> int:
         if args.format not in (None, "json"):
             raise UsageError(f"--json - and --format {args.format} would both print on standard output; choose one")
         output = "json"
+    if args.json is not None:
+        check_json_target(args.json)
 
     from pathlib import Path
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import NoReturn
 
@@ -53,3 +54,20 @@ def add_color(parser: argparse.ArgumentParser) -> None:
     """`--color`, as pytest has it: auto leaves the choice to rich (a terminal, NO_COLOR, FORCE_COLOR, TERM)."""
     parser.add_argument("--color", choices=COLOR_CHOICES, default="auto", metavar="auto|always|never",
                         help="colour the report: auto (default) follows the terminal and NO_COLOR / FORCE_COLOR")
+
+
+def check_json_target(path: str) -> None:
+    """Refuse a `--json FILE` that would overwrite something other than an earlier triage report: `--json train.log`
+    (meant as `--json out.json train.log`) must not replace the user's log or script with a report."""
+    if path == "-" or not os.path.lexists(path):
+        return
+    if os.path.isdir(path):
+        raise UsageError(f"--json {path}: it is a folder; give a file name for the JSON report")
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(256)
+    except OSError as exc:
+        raise UsageError(f"--json {path}: cannot read what is there ({exc.strerror or exc})") from None
+    if head and b'"triage.report/' not in head:
+        raise UsageError(f"--json {path}: the file exists and is not a triage JSON report; not overwriting it "
+                         "(give a new file name)")

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Callable
 
-from ..cli_common import Parser, UsageError, add_color, add_version
+from ..cli_common import Parser, UsageError, add_color, add_version, check_json_target
 from .options import DEFAULT_HANG_TIMEOUT, ON_HANG, STDIN_SCRIPT, RunOptions
 
 
@@ -32,7 +32,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="where the report goes (default: $TRIAGE_REPORT_DIR or ./triage-reports, "
                              "in a new <time>-<script> folder)")
     parser.add_argument("--json", metavar="FILE",
-                        help="also write the JSON report to FILE; not `-`: standard output is the script's")
+                        help="also write the JSON report to FILE (an existing file only if it is an earlier triage report); not "
+                             "`-`: standard output is the script's")
     parser.add_argument("--no-probes", dest="probes", action="store_false",
                         help="do not run confirmation experiments")
     parser.add_argument("--hang-timeout", metavar="SECONDS", type=_seconds, default=DEFAULT_HANG_TIMEOUT,
@@ -96,6 +97,8 @@ def parse(argv: list[str], prog: str = "triage run") -> RunOptions | None:
     if options.json == "-":
         raise UsageError("--json -: standard output belongs to the script; give a file name "
                          "(the report folder always holds report.json)")
+    if options.json is not None:
+        check_json_target(options.json)
     options.probes = args.probes
     options.rules = args.rules
     options.hang_timeout = args.hang_timeout
