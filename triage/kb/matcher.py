@@ -17,6 +17,7 @@ WEIGHT_ROOT = 1.0
 WEIGHT_OTHER = 0.85
 WEIGHT_WRAPPER = 0.7
 MAX_EVIDENCE_CHARS = 400
+MAX_CONTEXT_FRAMES = 200  # the innermost frames `frames` keeps (a deep recursion prints thousands)
 
 
 def diagnose(incident: Incident, kb: KnowledgeBase, warnings: list[str] | None = None) -> list[Diagnosis]:
@@ -264,6 +265,9 @@ def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame
         # The innermost user frame of the stack printed beside the traceback: anomaly mode's forward
         # line (label "forward call") or the line Dynamo was tracing (label "user code").
         "side_frame": {**_frame_values(side), "label": exc.side_label} if side and exc else None,
+        # Every frame the log shows, outermost first, across all of its tracebacks (a paste can cut the traceback
+        # off from its exception line): the frame names a rule's cause reads, such as DataParallel or summary().
+        "frames": _all_frames(incident),
         "location": frame.where if frame else "",
         "rank": exc.rank if exc and exc.rank is not None else incident.rank,
         "worker": exc.worker if exc and exc.worker is not None else incident.worker,
@@ -278,6 +282,12 @@ def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame
     context.update(values)
     context["probe"] = {}  # the experiments' facts, once they have run (rechoose)
     return context
+
+
+def _all_frames(incident: Incident) -> list[dict[str, Any]]:
+    exceptions = incident.exceptions or ([incident.exception] if incident.exception else [])
+    frames = [_frame_values(frame) for exc in exceptions for frame in exc.frames]
+    return frames[-MAX_CONTEXT_FRAMES:]
 
 
 def _frame_values(frame: Frame) -> dict[str, Any]:
