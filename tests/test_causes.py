@@ -359,3 +359,46 @@ def test_an_exception_with_no_user_frame_takes_the_user_s_line_from_the_exceptio
     separate = chained.replace("The above exception was the direct cause of the following exception:\n\n", "epoch 2\n")
     [diagnosis] = diagnose(parse_text(handler + separate), kb)
     assert diagnosis.hypothesis == "Killed while running `nothing`."
+
+
+FRAMES_RULE = """\
+- id: team.illegal-access
+  category: cuda-assert
+  title: Illegal memory access
+  confidence: 0.8
+  match:
+    exception: RuntimeError
+    message: 'an illegal memory access'
+  hypothesis: A kernel read outside its buffers.
+  fix: Re-run with CUDA_LAUNCH_BLOCKING=1.
+  causes:
+    - id: under-data-parallel
+      when: "'parallel_apply' in frames|map(attribute='function')|join(' ')"
+      hypothesis: The model runs under DataParallel.
+      fix: Set the device in each replica.
+  examples:
+    match: ['RuntimeError: CUDA error: an illegal memory access was encountered']
+    no_match: ['RuntimeError: CUDA error: out of memory']
+"""
+
+DATA_PARALLEL_TRACEBACK = """\
+Traceback (most recent call last):
+  File "train.py", line 171, in main
+    pred = model(points, target)
+  File "/usr/lib/python3.6/site-packages/torch/nn/parallel/data_parallel.py", line 152, in forward
+    outputs = self.parallel_apply(replicas, inputs, kwargs)
+  File "/usr/lib/python3.6/site-packages/torch/nn/parallel/data_parallel.py", line 162, in parallel_apply
+    return parallel_apply(replicas, inputs, kwargs, self.device_ids[:len(replicas)])
+
+RuntimeError: CUDA error: an illegal memory access was encountered
+"""
+
+
+def test_a_cause_reads_library_frames_the_user_frame_does_not_show(tmp_path):
+    _, diagnosis = diagnosis_for(tmp_path, DATA_PARALLEL_TRACEBACK, FRAMES_RULE)
+    assert diagnosis.cause == "team.illegal-access/under-data-parallel"
+    assert diagnosis.context["frame"]["file"] == "train.py"  # the user frame alone would not tell
+    assert [f["function"] for f in diagnosis.context["frames"]] == ["main", "forward", "parallel_apply"]
+    _, plain = diagnosis_for(tmp_path, "RuntimeError: CUDA error: an illegal memory access was encountered\n",
+                             FRAMES_RULE)
+    assert plain.cause == "team.illegal-access" and plain.context["frames"] == []

@@ -17,6 +17,7 @@ WEIGHT_ROOT = 1.0
 WEIGHT_OTHER = 0.85
 WEIGHT_WRAPPER = 0.7
 MAX_EVIDENCE_CHARS = 400
+MAX_CONTEXT_FRAMES = 200  # the innermost frames `frames` keeps (a deep recursion prints thousands)
 
 
 def diagnose(incident: Incident, kb: KnowledgeBase, warnings: list[str] | None = None) -> list[Diagnosis]:
@@ -280,8 +281,8 @@ def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame
         "exception": {"type": exc.type, "message": exc.message, "headline": exc.headline} if exc else None,
         "frame": _frame_values(frame) if frame else None,
         # Every frame of the exception, outermost first: the library line that failed (a loss in a package, a
-        # summary() helper) is evidence too when the user frame alone does not show it.
-        "frames": [_frame_values(f) for f in exc.frames] if exc else [],
+        # summary() helper, DataParallel's parallel_apply) is evidence too when the user frame alone does not show it.
+        "frames": _context_frames(incident, exc),
         # The innermost user frame of the stack printed beside the traceback: anomaly mode's forward
         # line (label "forward call") or the line Dynamo was tracing (label "user code").
         "side_frame": {**_frame_values(side), "label": exc.side_label} if side and exc else None,
@@ -302,6 +303,17 @@ def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame
     context.update(values)
     context["probe"] = {}  # the experiments' facts, once they have run (rechoose)
     return context
+
+
+def _context_frames(incident: Incident, exc: ExceptionInfo | None) -> list[dict[str, Any]]:
+    """The matched exception's frames (`frames[-1]` is the line that raised); when it has none (a paste that cut the
+    traceback off from its error line), every frame the log shows, across its tracebacks."""
+    if exc is not None and exc.frames:
+        frames = exc.frames
+    else:
+        exceptions = incident.exceptions or ([incident.exception] if incident.exception else [])
+        frames = [frame for other in exceptions for frame in other.frames]
+    return [_frame_values(frame) for frame in frames[-MAX_CONTEXT_FRAMES:]]
 
 
 def _frame_values(frame: Frame) -> dict[str, Any]:
