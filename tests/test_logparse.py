@@ -527,3 +527,17 @@ def test_a_cpp_exception_s_what_line_is_the_error_of_a_log_with_no_python_one():
     python = parse_text(f"  what():  {watchdog}\nTraceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n"
                         "    dist.barrier()\nRuntimeError: NCCL communicator was aborted\n")
     assert python.exception.type == "RuntimeError"
+
+
+def test_a_rule_matching_an_empty_message_adopts_nothing_beside_a_traceback(tmp_path):
+    # dataloader.no-batch-arrives reads a bare KeyboardInterrupt by its empty message (\A\Z): an empty text
+    # beside a typed error must not become a second, empty exception that outranks it
+    log = tmp_path / "stack.log"
+    log.write_text('Traceback (most recent call last):\n  File "train.py", line 40, in <module>\n    out = model(x)\n'
+                   "RuntimeError: stack expects each tensor to be equal size, but got [4, 64] at entry 0 and [4, 32] "
+                   "at entry 1\n")
+    from triage.explain import explain_log
+    from triage.kb import load_knowledge_base
+
+    report = explain_log(str(log), load_knowledge_base([]))
+    assert [exc.type for exc in report.incident.exceptions] == ["RuntimeError"]

@@ -65,7 +65,8 @@ def _known_message_finder(kb: KnowledgeBase, pytorch_only: bool = False):
                 found = pattern.search(text)
             except PatternTimeout:
                 continue
-            if found is not None and (earliest is None or found.start() < earliest[1]):
+            # An empty match is no message (`\A\Z`, an exception printed without one, matches any empty text).
+            if found is not None and found.end() > found.start() and (earliest is None or found.start() < earliest[1]):
                 earliest = (exc_type, found.start())
         return earliest
 

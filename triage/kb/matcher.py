@@ -89,7 +89,8 @@ def _match_exception(rule: Rule, exc: ExceptionInfo) -> dict[str, Any] | None:
         values.update(_groups(found))
     if any(pattern.search(exc.message) for pattern in rule.not_messages):
         return None
-    if rule.frame:
+    if rule.frame and not (rule.frame.get("or_no_traceback") and not exc.frames):
+        # (`or_no_traceback`: a message pasted without its traceback still matches, as its usual source)
         frame_values = _match_frames(rule, exc.frames)
         if frame_values is None:
             return None
@@ -269,7 +270,8 @@ def _render(diagnosis: Diagnosis, rule: Rule, incident: Incident | None, exc: Ex
     diagnosis.fix = fixes[0].text
     if incident is not None:
         diagnosis.verify = rendered.get("verify") or _default_verify(incident, exc, frame)
-        diagnosis.evidence = [rendered[f"evidence[{n}]"] for n in range(len(rule.evidence))]
+        # (an evidence line whose template renders empty, under an `{% if %}`, is left out)
+        diagnosis.evidence = [line for n in range(len(rule.evidence)) if (line := rendered[f"evidence[{n}]"].strip())]
     elif rendered.get("verify"):
         diagnosis.verify = rendered["verify"]
 

@@ -59,7 +59,7 @@ MATCH_KEYS = {
     "frame": "regexes for a frame's file/function/code; any frame may match",
     "kind": "incident kind(s): exception, hard-crash, hang, nan, silent",
 }
-FRAME_KEYS = {"file", "function", "code", "user"}
+FRAME_KEYS = {"file", "function", "code", "user", "or_no_traceback"}
 EXAMPLE_KEYS = {"match", "no_match"}
 EXAMPLE_ITEM_KEYS = {"log", "vars", "cause"}
 ID_PATTERN = re.compile(r"[a-z][a-z0-9-]*(?:\.[a-z0-9][a-z0-9-]*)+")
@@ -452,11 +452,12 @@ class _Builder:
                         found = self.patterns(frame, key)
                         if found:
                             rule.frame[key] = found[0]
-                if "user" in frame:
-                    if isinstance(frame["user"], bool):
-                        rule.frame["user"] = frame["user"]
-                    else:
-                        self.problem(self.value_pos(frame, "user"), "'user' must be true or false")
+                for key in ("user", "or_no_traceback"):
+                    if key in frame:
+                        if isinstance(frame[key], bool):
+                            rule.frame[key] = frame[key]
+                        else:
+                            self.problem(self.value_pos(frame, key), f"'{key}' must be true or false")
         misspelt = any(key not in MATCH_KEYS for key in match)  # already reported, with a did-you-mean
         if not (rule.exception_types or rule.messages or rule.logs or rule.frame or rule.kinds
                 or self.broken_patterns or misspelt):
