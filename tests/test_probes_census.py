@@ -139,3 +139,24 @@ def test_dtype_census_confirms_a_double_input_and_double_hidden_state_into_a_flo
     assert "hidden state arg1[1] of lstm (LSTM) is Double[1, 2, 8] on cpu while its weights are float32" \
         in outcome.detail
 
+
+
+def test_device_census_confirms_a_model_whose_weights_stayed_on_meta():
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 3))
+    model.load_state_dict(nn.Sequential(nn.Linear(4, 3)).state_dict())  # copying into meta does nothing
+    exc = raised(model, torch.randn(2, 4))
+    outcome = device_census(live_context(exc))
+    assert outcome.status == "confirmed" and outcome.facts["home"] == "meta"
+    assert outcome.facts["meta"] == ["parameter `weight` of 0 (Linear)", "parameter `bias` of 0 (Linear)"]
+    assert outcome.detail.startswith("the model's tensors are on meta (2 parameters/buffers) but input arg0")
+
+
+def test_device_census_confirms_meta_when_the_inputs_are_on_meta_too():
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 3))
+        x = torch.empty(2, 4)
+    exc = raised(lambda: model(x).sum().item())  # a meta forward runs; reading a value fails
+    outcome = device_census(live_context(exc, model=model))
+    assert outcome.status == "confirmed"
+    assert outcome.detail.startswith("every parameter, buffer and input is on meta, which holds no data (2 tensors")

@@ -139,6 +139,12 @@ def device_census(ctx: ProbeContext) -> ProbeResult:
     everything = Counter(e.device for e in held + inputs)
     facts = {"devices": dict(everything), "home": home,
              "odd": [f"{e.label} on {e.device}" for e in odd][:50]}
+    meta = [e for e in held + inputs if e.tensor.device.type == "meta"]
+    facts["meta"] = [e.label for e in meta][:50]
+    if not odd and meta:
+        # One device, but meta holds no data: no step can compute on it, whatever else agrees.
+        return result("device_census", "confirmed", f"every parameter, buffer and input is on meta, which holds no "
+                      f"data ({len(meta)} tensors: {_listed(meta, 'device', 3)})", **facts)
     if not odd:
         return result("device_census", "refuted", f"every parameter, buffer and input is on {home} "
                       f"({sum(everything.values())} tensors)", **facts)
