@@ -160,3 +160,22 @@ def test_device_census_confirms_meta_when_the_inputs_are_on_meta_too():
     outcome = device_census(live_context(exc, model=model))
     assert outcome.status == "confirmed"
     assert outcome.detail.startswith("every parameter, buffer and input is on meta, which holds no data (2 tensors")
+
+
+def test_dtype_census_reads_the_target_of_a_functional_loss_from_its_frame():
+    model = nn.Linear(4, 3)
+    logits = model(torch.randn(5, 4))
+    labels = torch.from_numpy(np.array([0, 2, 1, 1, 0], dtype=np.int32))
+    exc = raised(nn.functional.cross_entropy, logits, labels)  # no hook records a functional loss
+    outcome = dtype_census(live_context(exc, model=model))
+    assert outcome.status == "confirmed"
+    assert outcome.facts["mismatched"][0]["kind"] == "target" and outcome.facts["mismatched"][0]["dtype"] == "int32"
+    assert "the target of cross_entropy is Int[5] on cpu: class indices must be Long (int64)" in outcome.detail
+
+
+def test_dtype_census_refutes_when_the_functional_loss_target_is_long():
+    model = nn.Linear(4, 3)
+    logits = model(torch.randn(5, 4))
+    exc = raised(nn.functional.cross_entropy, logits, torch.tensor([0, 2, 1, 1]))  # a batch-size error, not a dtype one
+    outcome = dtype_census(live_context(exc, model=model))
+    assert outcome.status == "refuted" and outcome.facts["mismatched"] == []

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..diagnosis import ProbeResult
-from ._support import describe, iter_tensors, module_names, result
+from ._support import describe, iter_tensors, module_names, result, torch_frame_locals
 from .context import ProbeContext
 
 _CLASS_LOSSES = ("CrossEntropyLoss", "NLLLoss", "cross_entropy", "nll_loss")
@@ -235,12 +235,30 @@ def _failing_call_mismatches(ctx: ProbeContext, model: nn.Module | None) -> tupl
     return weights, out
 
 
+def _loss_call(ctx: ProbeContext) -> tuple[str, tuple, dict] | None:
+    """(the loss's name, its args, its kwargs): the recorded loss call, else a functional loss (F.cross_entropy,
+    which no hook records) that raised, read from its own frame on the traceback."""
+    if ctx.loss_args is not None and ctx.loss_fn is not None:
+        fn = ctx.loss_fn
+        name = type(fn).__name__ if isinstance(fn, nn.Module) else getattr(fn, "__name__", "")
+        return name, tuple(ctx.loss_args), dict(ctx.loss_kwargs or {})
+    for name in _CLASS_LOSSES + _REGRESSION_LOSSES:
+        if name[0].islower():
+            local = torch_frame_locals(ctx.exception, "functional.py", name)
+            if local is not None and isinstance(local.get("input"), torch.Tensor):
+                return name, (local["input"],), {"target": local.get("target")}
+    return None
+
+
 def _loss_mismatches(ctx: ProbeContext) -> list[Mismatch]:
-    if ctx.loss_args is None or ctx.loss_fn is None:
+    call = _loss_call(ctx)
+    if call is None:
         return []
-    name = type(ctx.loss_fn).__name__ if isinstance(ctx.loss_fn, nn.Module) else getattr(ctx.loss_fn, "__name__", "")
-    tensors = [a for a in ctx.loss_args if isinstance(a, torch.Tensor)]
-    target = ctx.loss_kwargs.get("target") if ctx.loss_kwargs else None
+    name, args, kwargs = call
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    target = kwargs.get("target")
+    if not isinstance(target, torch.Tensor):
+        target = None
     if len(tensors) < 2 and target is None:
         return []
     prediction, target = tensors[0], target if target is not None else tensors[1]
