@@ -179,3 +179,23 @@ def test_dtype_census_refutes_when_the_functional_loss_target_is_long():
     exc = raised(nn.functional.cross_entropy, logits, torch.tensor([0, 2, 1, 1]))  # a batch-size error, not a dtype one
     outcome = dtype_census(live_context(exc, model=model))
     assert outcome.status == "refuted" and outcome.facts["mismatched"] == []
+
+
+def test_dtype_census_names_float_indices_of_an_embedding():
+    model = TextModel()
+    ids = torch.tensor([[1.0, 7.0, 2.0]])
+    exc = raised(model, ids)
+    assert "'indices'" in str(exc)
+    outcome = dtype_census(live_context(exc))
+    assert outcome.status == "confirmed"
+    fact = outcome.facts["mismatched"][0]
+    assert (fact["kind"], fact["dtype"], fact["whole_numbers"]) == ("indices", "float32", True)
+    assert ("the indices (arg0) of encoder.embed (Embedding) are Float[1, 3] on cpu: an embedding needs Long or Int "
+            "indices; every value is a whole number") in outcome.detail
+
+
+def test_dtype_census_refutes_integer_indices_of_an_embedding():
+    model = TextModel()
+    exc = raised(model, torch.tensor([[1, 12]]))  # out of range, but integers: not a dtype fault
+    outcome = dtype_census(live_context(exc))
+    assert outcome.status == "refuted"

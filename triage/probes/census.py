@@ -161,8 +161,8 @@ def _priority(entry: Entry) -> int:
 def dtype_census(ctx: ProbeContext) -> ProbeResult:
     """Facts: `home` (the model's floating dtype), `weight_dtype` (the failing call's own weights', else home),
     `mismatched` ([{"name", "arg", "dtype", "shape", "kind"}], kind one of input | state | parameter | buffer |
-    target: every tensor whose dtype disagrees, the failing call's inputs and recurrent state included, so that a
-    fix can cast all of them), `odd` (the same as sentences) and `dtypes` (a count per dtype)."""
+    target | indices: every tensor whose dtype disagrees, the failing call's inputs and recurrent state included, so
+    that a fix can cast all of them; an embedding's non-integer indices also say `whole_numbers`), `odd` (the same as sentences) and `dtypes` (a count per dtype)."""
     model = _model(ctx)
     held = model_entries(model)
     inputs = input_entries(ctx)
@@ -218,11 +218,11 @@ def _failing_call_mismatches(ctx: ProbeContext, model: nn.Module | None) -> tupl
         return None, []
     want = own[0].dtype
     weights = str(want).replace("torch.", "")
-    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
-        return weights, []  # their inputs are indices, checked by the rules on integer dtypes
     names = module_names(model)
     path = names.get(id(module), ctx.module_name or "")
     owner = f"{path} ({type(module).__name__})" if path else type(module).__name__
+    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+        return weights, _index_mismatches(ctx, owner)
     out = []
     for arg_path, tensor in iter_tensors((tuple(ctx.module_args or ()), ctx.module_kwargs or {})):
         if tensor.dtype == want:
@@ -233,6 +233,25 @@ def _failing_call_mismatches(ctx: ProbeContext, model: nn.Module | None) -> tupl
         out.append(Mismatch(f"{what} {arg} of {owner} is {describe(tensor)} while its weights are {weights}",
                             _fact(f"{what} {arg} of {owner}", arg, tensor, kind)))
     return weights, out
+
+
+def _index_mismatches(ctx: ProbeContext, owner: str) -> list[Mismatch]:
+    """An embedding's indices (its first input) that are not integers, with whether they hold whole numbers (then
+    a cast keeps every id; a fraction or a NaN says the ids were computed wrongly, not merely stored as floats)."""
+    args = tuple(ctx.module_args or ())
+    indices = args[0] if args else (ctx.module_kwargs or {}).get("input")
+    if not isinstance(indices, torch.Tensor) or not (indices.is_floating_point() or indices.dtype == torch.bool):
+        return []
+    fact = _fact(f"input arg0 of {owner}", "arg0", indices, "indices")
+    whole = None
+    if indices.device.type == "cpu":
+        whole = bool(torch.isfinite(indices).all() and (indices == indices.round()).all()) \
+            if indices.is_floating_point() else True
+    fact["whole_numbers"] = whole
+    shown = {True: "; every value is a whole number, so `.long()` keeps the ids",
+             False: "; some values are fractions, NaN or inf: the ids were computed wrongly", None: ""}[whole]
+    return [Mismatch(f"the indices (arg0) of {owner} are {describe(indices)}: an embedding needs Long or Int "
+                     f"indices{shown}", fact)]
 
 
 def _loss_call(ctx: ProbeContext) -> tuple[str, tuple, dict] | None:
