@@ -28,6 +28,8 @@ PROBES: dict[str, str] = {
     "checkpoint_diff": "triage.probes.checkpoint_diff:checkpoint_diff",
     # autograd failures: where the graph was cut, carried across iterations, or left unreduced
     "grad_graph": "triage.probes.grad_graph:grad_graph",
+    # "not compiled with CUDA" and kin: is the backend in this build, and which line of the user's asks for it
+    "backend_census": "triage.probes.backend_census:backend_census",
 }
 
 # Mechanical fixes a rule's cause may ask to be tried (`fixes: [{trial: ...}]`): each applies its fix to copies in
