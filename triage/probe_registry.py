@@ -30,6 +30,8 @@ PROBES: dict[str, str] = {
     "grad_graph": "triage.probes.grad_graph:grad_graph",
     # "not compiled with CUDA" and kin: is the backend in this build, and which line of the user's asks for it
     "backend_census": "triage.probes.backend_census:backend_census",
+    # spawned DataLoader workers that cannot start: which part (dataset, collate_fn, worker_init_fn) fails to pickle
+    "worker_pickle": "triage.probes.worker_pickle:worker_pickle",
 }
 
 # Mechanical fixes a rule's cause may ask to be tried (`fixes: [{trial: ...}]`): each applies its fix to copies in
