@@ -32,6 +32,8 @@ PROBES: dict[str, str] = {
     "backend_census": "triage.probes.backend_census:backend_census",
     # spawned DataLoader workers that cannot start: which part (dataset, collate_fn, worker_init_fn) fails to pickle
     "worker_pickle": "triage.probes.worker_pickle:worker_pickle",
+    # a collate that met samples of different sizes: which field of the samples is ragged, with its sizes
+    "collate_fields": "triage.probes.collate_fields:collate_fields",
 }
 
 # Mechanical fixes a rule's cause may ask to be tried (`fixes: [{trial: ...}]`): each applies its fix to copies in
