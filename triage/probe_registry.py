@@ -34,6 +34,12 @@ PROBES: dict[str, str] = {
     "worker_pickle": "triage.probes.worker_pickle:worker_pickle",
     # a collate that met samples of different sizes: which field of the samples is ragged, with its sizes
     "collate_fields": "triage.probes.collate_fields:collate_fields",
+    # the tensors the failing line itself handles, re-read in its frame (triage/probes/line_tensors.py)
+    "numpy_grad": "triage.probes.line_tensors:numpy_grad",
+    "inplace_leaf": "triage.probes.line_tensors:inplace_leaf",
+    "inplace_view": "triage.probes.line_tensors:inplace_view",
+    "view_contiguity": "triage.probes.line_tensors:view_contiguity",
+    "index_bounds": "triage.probes.line_tensors:index_bounds",
 }
 
 # Mechanical fixes a rule's cause may ask to be tried (`fixes: [{trial: ...}]`): each applies its fix to copies in
