@@ -40,6 +40,8 @@ PROBES: dict[str, str] = {
     "inplace_view": "triage.probes.line_tensors:inplace_view",
     "view_contiguity": "triage.probes.line_tensors:view_contiguity",
     "index_bounds": "triage.probes.line_tensors:index_bounds",
+    # optimizer.load_state_dict refused a state: the saved groups' sizes against the optimizer's and the model's
+    "optimizer_groups": "triage.probes.optimizer_groups:optimizer_groups",
 }
 
 # Mechanical fixes a rule's cause may ask to be tried (`fixes: [{trial: ...}]`): each applies its fix to copies in
