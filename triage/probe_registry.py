@@ -42,6 +42,8 @@ PROBES: dict[str, str] = {
     "index_bounds": "triage.probes.line_tensors:index_bounds",
     # optimizer.load_state_dict refused a state: the saved groups' sizes against the optimizer's and the model's
     "optimizer_groups": "triage.probes.optimizer_groups:optimizer_groups",
+    # "modified by an inplace operation": which node's saved tensor is stale, read from the failing graph
+    "saved_versions": "triage.probes.saved_versions:saved_versions",
 }
 
 # Mechanical fixes a rule's cause may ask to be tried (`fixes: [{trial: ...}]`): each applies its fix to copies in
