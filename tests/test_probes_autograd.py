@@ -131,3 +131,44 @@ def test_an_empty_parameter_list_tells_frozen_parameters_from_a_consumed_iterato
     assert frozen.facts["cause"] == "all-frozen" and "all 4 parameter tensors of model" in frozen.detail
     consumed = _probe(raised(build_consumed_optimizer))
     assert consumed.facts["cause"] == "consumed-iterator" and "2 trainable parameter tensors" in consumed.detail
+
+
+POLICY = nn.Linear(4, 2)
+SAVED: list[torch.Tensor] = []
+
+
+@torch.no_grad()
+def act_without_grad(state: torch.Tensor) -> None:
+    SAVED.append(POLICY(state).log_softmax(-1)[0, 0])
+
+
+def act_detached(state: torch.Tensor) -> None:
+    SAVED.append(POLICY(state).log_softmax(-1)[0, 0].detach())
+
+
+def episode(act) -> None:
+    SAVED.clear()
+    reward = 0.0
+    for _ in range(3):
+        act(torch.randn(1, 4))
+        loss = torch.stack(SAVED).sum() * reward  # no replay of the loop calls the model (act is no module)
+        reward = reward + 1.0
+        loss.backward()
+
+
+def test_a_model_called_under_no_grad_is_named_when_the_replayed_step_does_not_call_it():
+    exc = raised(episode, act_without_grad)
+    ctx = live_context(exc, model=POLICY, model_call=((torch.randn(1, 4),), {}))
+    outcome = isolated(grad_graph, ctx)
+    assert outcome.status == "confirmed"
+    assert (outcome.facts["cut_by"], outcome.facts["cut_code"]) == ("no_grad", "SAVED.append(POLICY(state).log_softmax(-1)[0, 0])")
+    assert "Linear builds a graph when called with tracking on (its output requires grad)" in outcome.detail
+    assert "under its @torch.no_grad() decorator" in outcome.detail
+
+
+def test_no_no_grad_call_is_claimed_when_the_model_is_called_with_tracking_on():
+    exc = raised(episode, act_detached)
+    ctx = live_context(exc, model=POLICY, model_call=((torch.randn(1, 4),), {}))
+    outcome = isolated(grad_graph, ctx)
+    assert outcome.status == "skipped" and "cut_by" not in outcome.facts  # the carried `reward` stops the replay
+    assert outcome.detail.startswith("the failing step cannot be replayed")

@@ -139,3 +139,63 @@ def test_dtype_census_confirms_a_double_input_and_double_hidden_state_into_a_flo
     assert "hidden state arg1[1] of lstm (LSTM) is Double[1, 2, 8] on cpu while its weights are float32" \
         in outcome.detail
 
+
+
+def test_device_census_confirms_a_model_whose_weights_stayed_on_meta():
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 3))
+    model.load_state_dict(nn.Sequential(nn.Linear(4, 3)).state_dict())  # copying into meta does nothing
+    exc = raised(model, torch.randn(2, 4))
+    outcome = device_census(live_context(exc))
+    assert outcome.status == "confirmed" and outcome.facts["home"] == "meta"
+    assert outcome.facts["meta"] == ["parameter `weight` of 0 (Linear)", "parameter `bias` of 0 (Linear)"]
+    assert outcome.detail.startswith("the model's tensors are on meta (2 parameters/buffers) but input arg0")
+
+
+def test_device_census_confirms_meta_when_the_inputs_are_on_meta_too():
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 3))
+        x = torch.empty(2, 4)
+    exc = raised(lambda: model(x).sum().item())  # a meta forward runs; reading a value fails
+    outcome = device_census(live_context(exc, model=model))
+    assert outcome.status == "confirmed"
+    assert outcome.detail.startswith("every parameter, buffer and input is on meta, which holds no data (2 tensors")
+
+
+def test_dtype_census_reads_the_target_of_a_functional_loss_from_its_frame():
+    model = nn.Linear(4, 3)
+    logits = model(torch.randn(5, 4))
+    labels = torch.from_numpy(np.array([0, 2, 1, 1, 0], dtype=np.int32))
+    exc = raised(nn.functional.cross_entropy, logits, labels)  # no hook records a functional loss
+    outcome = dtype_census(live_context(exc, model=model))
+    assert outcome.status == "confirmed"
+    assert outcome.facts["mismatched"][0]["kind"] == "target" and outcome.facts["mismatched"][0]["dtype"] == "int32"
+    assert "the target of cross_entropy is Int[5] on cpu: class indices must be Long (int64)" in outcome.detail
+
+
+def test_dtype_census_refutes_when_the_functional_loss_target_is_long():
+    model = nn.Linear(4, 3)
+    logits = model(torch.randn(5, 4))
+    exc = raised(nn.functional.cross_entropy, logits, torch.tensor([0, 2, 1, 1]))  # a batch-size error, not a dtype one
+    outcome = dtype_census(live_context(exc, model=model))
+    assert outcome.status == "refuted" and outcome.facts["mismatched"] == []
+
+
+def test_dtype_census_names_float_indices_of_an_embedding():
+    model = TextModel()
+    ids = torch.tensor([[1.0, 7.0, 2.0]])
+    exc = raised(model, ids)
+    assert "'indices'" in str(exc)
+    outcome = dtype_census(live_context(exc))
+    assert outcome.status == "confirmed"
+    fact = outcome.facts["mismatched"][0]
+    assert (fact["kind"], fact["dtype"], fact["whole_numbers"]) == ("indices", "float32", True)
+    assert ("the indices (arg0) of encoder.embed (Embedding) are Float[1, 3] on cpu: an embedding needs Long or Int "
+            "indices; every value is a whole number") in outcome.detail
+
+
+def test_dtype_census_refutes_integer_indices_of_an_embedding():
+    model = TextModel()
+    exc = raised(model, torch.tensor([[1, 12]]))  # out of range, but integers: not a dtype fault
+    outcome = dtype_census(live_context(exc))
+    assert outcome.status == "refuted"

@@ -28,6 +28,22 @@ PROBES: dict[str, str] = {
     "checkpoint_diff": "triage.probes.checkpoint_diff:checkpoint_diff",
     # autograd failures: where the graph was cut, carried across iterations, or left unreduced
     "grad_graph": "triage.probes.grad_graph:grad_graph",
+    # "not compiled with CUDA" and kin: is the backend in this build, and which line of the user's asks for it
+    "backend_census": "triage.probes.backend_census:backend_census",
+    # spawned DataLoader workers that cannot start: which part (dataset, collate_fn, worker_init_fn) fails to pickle
+    "worker_pickle": "triage.probes.worker_pickle:worker_pickle",
+    # a collate that met samples of different sizes: which field of the samples is ragged, with its sizes
+    "collate_fields": "triage.probes.collate_fields:collate_fields",
+    # the tensors the failing line itself handles, re-read in its frame (triage/probes/line_tensors.py)
+    "numpy_grad": "triage.probes.line_tensors:numpy_grad",
+    "inplace_leaf": "triage.probes.line_tensors:inplace_leaf",
+    "inplace_view": "triage.probes.line_tensors:inplace_view",
+    "view_contiguity": "triage.probes.line_tensors:view_contiguity",
+    "index_bounds": "triage.probes.line_tensors:index_bounds",
+    # optimizer.load_state_dict refused a state: the saved groups' sizes against the optimizer's and the model's
+    "optimizer_groups": "triage.probes.optimizer_groups:optimizer_groups",
+    # "modified by an inplace operation": which node's saved tensor is stale, read from the failing graph
+    "saved_versions": "triage.probes.saved_versions:saved_versions",
 }
 
 # Mechanical fixes a rule's cause may ask to be tried (`fixes: [{trial: ...}]`): each applies its fix to copies in

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..diagnosis import ProbeResult
-from ._support import describe, iter_tensors, module_names, result
+from ._support import describe, iter_tensors, module_names, result, torch_frame_locals
 from .context import ProbeContext
 
 _CLASS_LOSSES = ("CrossEntropyLoss", "NLLLoss", "cross_entropy", "nll_loss")
@@ -139,6 +139,12 @@ def device_census(ctx: ProbeContext) -> ProbeResult:
     everything = Counter(e.device for e in held + inputs)
     facts = {"devices": dict(everything), "home": home,
              "odd": [f"{e.label} on {e.device}" for e in odd][:50]}
+    meta = [e for e in held + inputs if e.tensor.device.type == "meta"]
+    facts["meta"] = [e.label for e in meta][:50]
+    if not odd and meta:
+        # One device, but meta holds no data: no step can compute on it, whatever else agrees.
+        return result("device_census", "confirmed", f"every parameter, buffer and input is on meta, which holds no "
+                      f"data ({len(meta)} tensors: {_listed(meta, 'device', 3)})", **facts)
     if not odd:
         return result("device_census", "refuted", f"every parameter, buffer and input is on {home} "
                       f"({sum(everything.values())} tensors)", **facts)
@@ -155,8 +161,8 @@ def _priority(entry: Entry) -> int:
 def dtype_census(ctx: ProbeContext) -> ProbeResult:
     """Facts: `home` (the model's floating dtype), `weight_dtype` (the failing call's own weights', else home),
     `mismatched` ([{"name", "arg", "dtype", "shape", "kind"}], kind one of input | state | parameter | buffer |
-    target: every tensor whose dtype disagrees, the failing call's inputs and recurrent state included, so that a
-    fix can cast all of them), `odd` (the same as sentences) and `dtypes` (a count per dtype)."""
+    target | indices: every tensor whose dtype disagrees, the failing call's inputs and recurrent state included, so
+    that a fix can cast all of them; an embedding's non-integer indices also say `whole_numbers`), `odd` (the same as sentences) and `dtypes` (a count per dtype)."""
     model = _model(ctx)
     held = model_entries(model)
     inputs = input_entries(ctx)
@@ -212,11 +218,11 @@ def _failing_call_mismatches(ctx: ProbeContext, model: nn.Module | None) -> tupl
         return None, []
     want = own[0].dtype
     weights = str(want).replace("torch.", "")
-    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
-        return weights, []  # their inputs are indices, checked by the rules on integer dtypes
     names = module_names(model)
     path = names.get(id(module), ctx.module_name or "")
     owner = f"{path} ({type(module).__name__})" if path else type(module).__name__
+    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+        return weights, _index_mismatches(ctx, owner)
     out = []
     for arg_path, tensor in iter_tensors((tuple(ctx.module_args or ()), ctx.module_kwargs or {})):
         if tensor.dtype == want:
@@ -229,12 +235,49 @@ def _failing_call_mismatches(ctx: ProbeContext, model: nn.Module | None) -> tupl
     return weights, out
 
 
-def _loss_mismatches(ctx: ProbeContext) -> list[Mismatch]:
-    if ctx.loss_args is None or ctx.loss_fn is None:
+def _index_mismatches(ctx: ProbeContext, owner: str) -> list[Mismatch]:
+    """An embedding's indices (its first input) that are not integers, with whether they hold whole numbers (then
+    a cast keeps every id; a fraction or a NaN says the ids were computed wrongly, not merely stored as floats)."""
+    args = tuple(ctx.module_args or ())
+    indices = args[0] if args else (ctx.module_kwargs or {}).get("input")
+    if not isinstance(indices, torch.Tensor) or not (indices.is_floating_point() or indices.dtype == torch.bool):
         return []
-    name = type(ctx.loss_fn).__name__ if isinstance(ctx.loss_fn, nn.Module) else getattr(ctx.loss_fn, "__name__", "")
-    tensors = [a for a in ctx.loss_args if isinstance(a, torch.Tensor)]
-    target = ctx.loss_kwargs.get("target") if ctx.loss_kwargs else None
+    fact = _fact(f"input arg0 of {owner}", "arg0", indices, "indices")
+    whole = None
+    if indices.device.type == "cpu":
+        whole = bool(torch.isfinite(indices).all() and (indices == indices.round()).all()) \
+            if indices.is_floating_point() else True
+    fact["whole_numbers"] = whole
+    shown = {True: "; every value is a whole number, so `.long()` keeps the ids",
+             False: "; some values are fractions, NaN or inf: the ids were computed wrongly", None: ""}[whole]
+    return [Mismatch(f"the indices (arg0) of {owner} are {describe(indices)}: an embedding needs Long or Int "
+                     f"indices{shown}", fact)]
+
+
+def _loss_call(ctx: ProbeContext) -> tuple[str, tuple, dict] | None:
+    """(the loss's name, its args, its kwargs): the recorded loss call, else a functional loss (F.cross_entropy,
+    which no hook records) that raised, read from its own frame on the traceback."""
+    if ctx.loss_args is not None and ctx.loss_fn is not None:
+        fn = ctx.loss_fn
+        name = type(fn).__name__ if isinstance(fn, nn.Module) else getattr(fn, "__name__", "")
+        return name, tuple(ctx.loss_args), dict(ctx.loss_kwargs or {})
+    for name in _CLASS_LOSSES + _REGRESSION_LOSSES:
+        if name[0].islower():
+            local = torch_frame_locals(ctx.exception, "functional.py", name)
+            if local is not None and isinstance(local.get("input"), torch.Tensor):
+                return name, (local["input"],), {"target": local.get("target")}
+    return None
+
+
+def _loss_mismatches(ctx: ProbeContext) -> list[Mismatch]:
+    call = _loss_call(ctx)
+    if call is None:
+        return []
+    name, args, kwargs = call
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    target = kwargs.get("target")
+    if not isinstance(target, torch.Tensor):
+        target = None
     if len(tensors) < 2 and target is None:
         return []
     prediction, target = tensors[0], target if target is not None else tensors[1]

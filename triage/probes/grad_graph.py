@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import linecache
 import traceback
 import types
@@ -30,6 +31,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..diagnosis import ProbeResult
+from ..incident import is_user_path
 from . import source_step
 from ._support import Unavailable, innermost_user_frame, iter_tensors, result, torch_frame_locals
 from .context import ProbeContext
@@ -90,7 +92,8 @@ def _graph_cut(ctx: ProbeContext) -> ProbeResult:
         step = source_step.find(ctx.frames)
         namespace, modules = step.namespace()
     except Unavailable as exc:
-        return result(NAME, "skipped", f"the failing step cannot be replayed: {exc}")
+        at_call = _model_called_without_grad(ctx)
+        return at_call or result(NAME, "skipped", f"the failing step cannot be replayed: {exc}")
     recorder = _CutRecorder()
     try:
         with recorder:
@@ -117,8 +120,126 @@ def _graph_cut(ctx: ProbeContext) -> ProbeResult:
         total = _parameter_counts(module)[1]
         return result(NAME, "confirmed", f"every one of {label}'s {total} parameter tensors has requires_grad=False: "
                       "nothing in the loss can have a gradient", cut_by="frozen", frozen=label)
+    at_call = _model_called_without_grad(ctx)  # the replayed statements may not call the model at all
+    if at_call is not None:
+        return at_call
     return result(NAME, "inconclusive", f"replaying {step.where}, no op cut the graph and the parameters train: "
                   "the loss may be built from a new tensor (torch.tensor(...) of numbers)")
+
+
+def _model_called_without_grad(ctx: ProbeContext) -> ProbeResult | None:
+    """Without a replay that calls the model (a loop that carries its values, an episode of many model calls): the
+    model's recorded call, run again with tracking on, shows whether the model itself builds a graph; if it does and
+    every call of it in the code the failing frames run (their functions, and the user's functions their loops call)
+    sits under a no-grad switch, that switch is where the graph was cut. A mix of calls with and without tracking
+    decides nothing (an evaluation loop under no_grad beside the training one)."""
+    model = ctx.model if isinstance(ctx.model, nn.Module) else None
+    call = _a_call_of(model, ctx)
+    if call is None:
+        return None
+    try:
+        with torch.enable_grad():
+            out = model(*call[0], **call[1])
+    except Exception:
+        return None
+    if not _requires_grad((out,), None):
+        return None  # the model builds no graph even with tracking on: frozen, or cut inside its forward
+    sites = [(code, line, _grad_switch(code.co_filename, line)) for code, line in _model_call_sites(model, ctx.frames)]
+    if not sites or any(switch is None for _, _, switch in sites):
+        return None
+    code, line, switch = sites[0]
+    text = linecache.getline(code.co_filename, line).strip()
+    at = f"{code.co_filename}:{line} in {code.co_name}"
+    every = f" (as do all {len(sites)} calls of it the failing code runs)" if len(sites) > 1 else ""
+    return result(NAME, "confirmed", f"{type(model).__name__} builds a graph when called with tracking on (its output "
+                  f"requires grad), but `{text}` at {at} calls it with gradient tracking off, {switch[0]}{every}, so "
+                  f"what it returns has no grad_fn", cut_at=at, cut_code=text, cut_by=switch[1], switch_line=switch[2])
+
+
+def _a_call_of(model: nn.Module | None, ctx: ProbeContext) -> tuple[tuple, dict] | None:
+    """Arguments the model was called with: the step's recorded call, else its latest call the runner recorded (any
+    one shows whether the model builds a graph, even when no single call replays the step)."""
+    if model is None:
+        return None
+    if ctx.model_args is not None:
+        return tuple(ctx.model_args), dict(ctx.model_kwargs or {})
+    from ..tracking import TRACKER
+
+    latest = next((c for c in reversed(TRACKER.latest_calls()) if c.module is model), None)
+    return (tuple(latest.args), dict(latest.kwargs)) if latest is not None else None
+
+
+def _model_call_sites(model: nn.Module, frames: list[tuple[types.FrameType, int]]) -> list[tuple[types.CodeType, int]]:
+    """(code, line) of each call of `model` in the functions the failing frames run and in the user's functions
+    called from the loop (or function) around each frame's line, found by resolving names in the frames."""
+    functions: dict[types.CodeType, dict[str, Any]] = {}
+    for frame, line in frames:
+        functions.setdefault(frame.f_code, {**frame.f_globals, **frame.f_locals})
+        node = _definition(frame.f_code)
+        if node is None:
+            continue
+        body = _innermost_loop(node, line) or node
+        scope = {**frame.f_globals, **frame.f_locals}
+        for called in (n for n in _own_nodes(body) if isinstance(n, ast.Call)):
+            target = _resolve(called.func, scope)
+            code = getattr(inspect.unwrap(target), "__code__", None) if callable(target) else None
+            if isinstance(code, types.CodeType) and is_user_path(code.co_filename):
+                functions.setdefault(code, inspect.unwrap(target).__globals__)
+    sites = []
+    for code, scope in functions.items():
+        node = _definition(code)
+        if node is None:
+            continue
+        names = {name for name, value in scope.items() if value is model}
+        for called in (n for n in _own_nodes(node) if isinstance(n, ast.Call)):
+            if _resolve(called.func, scope) is model or (isinstance(called.func, ast.Name) and called.func.id in names):
+                sites.append((code, called.lineno))
+    return sorted(set(sites), key=lambda site: (site[0].co_filename, site[1]))
+
+
+def _definition(code: types.CodeType) -> ast.AST | None:
+    """The def (or the module) whose code `code` is, parsed from its file."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(code.co_filename)))
+    except (SyntaxError, ValueError):
+        return None
+    if code.co_name == "<module>":
+        return tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name and (
+                code.co_firstlineno in (node.lineno, *(d.lineno for d in node.decorator_list))):
+            return node
+    return None
+
+
+def _own_nodes(root: ast.AST) -> list[ast.AST]:
+    """The nodes of `root`'s own code: nested functions, classes and lambdas run as other code objects."""
+    found, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        stack.extend(child for child in ast.iter_child_nodes(node)
+                     if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)))
+    return found
+
+
+def _innermost_loop(node: ast.AST, line: int) -> ast.AST | None:
+    loops = [n for n in _own_nodes(node) if isinstance(n, (ast.For, ast.While, ast.AsyncFor))
+             and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    return max(loops, key=lambda n: n.lineno) if loops else None
+
+
+def _resolve(func: ast.expr, scope: dict[str, Any]) -> Any:
+    """What a called name refers to in `scope` (`policy`, `self.policy`, `agent.act`), or None."""
+    if isinstance(func, ast.Name):
+        return scope.get(func.id)
+    if isinstance(func, ast.Attribute):
+        owner = _resolve(func.value, scope)
+        try:
+            return inspect.getattr_static(owner, func.attr) if isinstance(owner, type) else getattr(owner, func.attr, None)
+        except Exception:
+            return None
+    return None
 
 
 def _grad_switch(filename: str, line: int) -> tuple[str, str, int] | None:

@@ -88,7 +88,7 @@ def rerank(diagnoses: list[Diagnosis]) -> None:
 # Probes that call no user code run in this process: they read metadata, the CUDA allocator's counters (which a
 # forked child cannot read) or write the batch into the report folder. Every other probe, custom ones included,
 # runs in a disposable child (sandbox.py).
-IN_PROCESS = frozenset({"save_batch", "device_census", "dtype_census", "memory_breakdown"})
+IN_PROCESS = frozenset({"save_batch", "device_census", "dtype_census", "memory_breakdown", "backend_census"})
 
 
 def run_probe(name: str, ctx: ProbeContext, limit_s: float) -> ProbeResult:
