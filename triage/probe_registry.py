@@ -22,6 +22,11 @@ PROBES: dict[str, str] = {
     "gradcheck": "triage.probes.gradcheck:gradcheck",
     "determinism": "triage.probes.determinism:determinism",
     "compile_compare": "triage.probes.compile_compare:compile_compare",
+    # measurements on a replay of the model's last recorded call, from the weights a finished run ended with
+    "softmax_rows": "triage.probes.step_measures:softmax_rows",
+    "relu_activity": "triage.probes.step_measures:relu_activity",
+    "gradient_reach": "triage.probes.step_measures:gradient_reach",
+    "grad_carryover": "triage.probes.step_measures:grad_carryover",
     # torch.compile failures: does the step run without the compiler?
     "eager_rerun": "triage.probes.eager_rerun:eager_rerun",
     # checkpoint failures: the state dict's keys against the model's, or the file torch.load refused
