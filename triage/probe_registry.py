@@ -27,6 +27,10 @@ PROBES: dict[str, str] = {
     "relu_activity": "triage.probes.step_measures:relu_activity",
     "gradient_reach": "triage.probes.step_measures:gradient_reach",
     "grad_carryover": "triage.probes.step_measures:grad_carryover",
+    # a census of the live optimizers and modules, then one step or one replay as the fix would act
+    "optimizer_stepped": "triage.probes.optimizer_census:optimizer_stepped",
+    "optimizer_membership": "triage.probes.optimizer_census:optimizer_membership",
+    "requires_grad_flags": "triage.probes.optimizer_census:requires_grad_flags",
     # torch.compile failures: does the step run without the compiler?
     "eager_rerun": "triage.probes.eager_rerun:eager_rerun",
     # checkpoint failures: the state dict's keys against the model's, or the file torch.load refused
