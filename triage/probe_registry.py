@@ -31,6 +31,8 @@ PROBES: dict[str, str] = {
     "optimizer_stepped": "triage.probes.optimizer_census:optimizer_stepped",
     "optimizer_membership": "triage.probes.optimizer_census:optimizer_membership",
     "requires_grad_flags": "triage.probes.optimizer_census:requires_grad_flags",
+    "lr_replay": "triage.probes.lr_replay:lr_replay",  # a few steps at the run's learning rate and at a tenth
+    "graph_memory": "triage.probes.graph_memory:graph_memory",  # what the graphs a container keeps hold
     # torch.compile failures: does the step run without the compiler?
     "eager_rerun": "triage.probes.eager_rerun:eager_rerun",
     # checkpoint failures: the state dict's keys against the model's, or the file torch.load refused
