@@ -33,6 +33,7 @@ PROBES: dict[str, str] = {
     "requires_grad_flags": "triage.probes.optimizer_census:requires_grad_flags",
     "lr_replay": "triage.probes.lr_replay:lr_replay",  # a few steps at the run's learning rate and at a tenth
     "graph_memory": "triage.probes.graph_memory:graph_memory",  # what the graphs a container keeps hold
+    "heldout_learnability": "triage.probes.learnability:heldout_learnability",  # train on part, test on the rest
     # torch.compile failures: does the step run without the compiler?
     "eager_rerun": "triage.probes.eager_rerun:eager_rerun",
     # checkpoint failures: the state dict's keys against the model's, or the file torch.load refused
