@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -55,11 +55,13 @@ def last_step(ctx: ProbeContext) -> Step:
     return step
 
 
-def replay_backward(step: Step, *, need_loss: bool = False, record_calls: bool = False) -> Replay:
+def replay_backward(step: Step, *, need_loss: bool = False, record_calls: bool = False,
+                    before_backward: Callable[[torch.Tensor], None] | None = None) -> Replay:
     """Forward, loss and backward of the rebuilt step from the current weights, every `.grad` cleared first.
 
     The loss is the step's own when its call takes the model's output; otherwise the output's sum stands in
-    (enough to tell which parameters the output depends on), unless `need_loss`."""
+    (enough to tell which parameters the output depends on), unless `need_loss`. `before_backward` sees the
+    loss while its graph still holds what it saved (backward frees it)."""
     model = step.model.module
     for param in model.parameters():
         param.grad = None
@@ -92,6 +94,8 @@ def replay_backward(step: Step, *, need_loss: bool = False, record_calls: bool =
                                       "replayed")
                 if main is not None and main.is_floating_point():
                     loss, source = main.float().sum(), "the sum of the model's output (the loss is plain code)"
+            if loss is not None and before_backward is not None:
+                before_backward(loss)
             if loss is not None and loss.requires_grad:
                 loss.backward()
     finally:
@@ -177,8 +181,9 @@ def relu_activity(ctx: ProbeContext) -> ProbeResult:
             seen.append(entry)
 
     handles = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, nn.ReLU)]
+    functional: list[dict[str, Any]] = []
     try:
-        replay = replay_backward(step)
+        replay_backward(step, before_backward=lambda loss: functional.extend(_functional_relus(loss)))
     except Unavailable as exc:
         return result(name, "skipped", str(exc))
     except Exception as exc:
@@ -186,15 +191,14 @@ def relu_activity(ctx: ProbeContext) -> ProbeResult:
     finally:
         for handle in handles:
             handle.remove()
-    if not seen and replay.output is not None:  # F.relu / torch.relu: read in the replay's own graph
-        seen = _functional_relus(replay.loss)
+    seen = seen or functional  # no nn.ReLU: F.relu / torch.relu, read in the replay's own graph
     if not seen:
         return result(name, "skipped", "the replayed forward runs no ReLU")
     zero_grad = [n for n, p in model.named_parameters()
                  if p.requires_grad and p.grad is not None and not bool(p.grad.any())]
     worst = max(seen, key=lambda e: e["dead"])
     batch = worst["examples"]
-    facts = {"relus": [{k: v for k, v in e.items()} for e in seen], "zero_gradient": zero_grad,
+    facts = {"relus": [dict(e) for e in seen], "zero_gradient": zero_grad,
              "dead_fraction": worst["dead"], "where": worst["label"]}
     largest = worst.get("largest_input")
     pre = f"; its largest input is {largest:.3g}" if largest is not None else ""
