@@ -408,3 +408,12 @@ def test_heldout_learnability_skips_a_call_that_transforms_the_batch():
     ctx.model_args = (ctx.model_args[0] * 1.0,)
     result = heldout_learnability(ctx)
     assert result.status == "skipped" and "transforms" in result.detail
+
+
+def test_gradient_reach_skips_parameters_no_module_holds():
+    from triage.probes.step_measures import gradient_reach
+
+    x, y = _data()
+    listed = "a (100, 64) parameter no module holds any more, a (100,) parameter no module holds any more"
+    result = gradient_reach(_context(_Encoded(cut=False), x, y, diagnosis=_diagnosis(params=listed)))
+    assert result.status == "skipped" and "no module holds" in result.detail

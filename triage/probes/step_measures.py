@@ -262,7 +262,11 @@ def gradient_reach(ctx: ProbeContext) -> ProbeResult:
     except Exception as exc:
         return result(name, "inconclusive", f"replaying the last step raised {exception_line(exc)}")
     model = step.model.module
-    wanted = names_of(str((ctx.diagnosis.values if ctx.diagnosis is not None else {}).get("params", "")))
+    listed = str((ctx.diagnosis.values if ctx.diagnosis is not None else {}).get("params", ""))
+    wanted = names_of(listed)
+    if listed and not wanted:
+        return result(name, "skipped", f"the finding names no parameter of the model ({listed}): a replay of the "
+                      "model cannot reach parameters no module holds")
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if wanted:
         trainable = [(n, p) for n, p in trainable if matches(n, wanted)]
