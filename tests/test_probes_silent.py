@@ -417,3 +417,40 @@ def test_gradient_reach_skips_parameters_no_module_holds():
     listed = "a (100, 64) parameter no module holds any more, a (100,) parameter no module holds any more"
     result = gradient_reach(_context(_Encoded(cut=False), x, y, diagnosis=_diagnosis(params=listed)))
     assert result.status == "skipped" and "no module holds" in result.detail
+
+
+# ---------------------------------------------------------------------------- in the experiment's child, under the runner
+
+
+def test_an_experiment_that_steps_the_optimizer_leaves_the_users_objects_as_they_were():
+    from triage.probes.runner import run_probe
+    from triage.probes.sandbox import fork_available
+
+    if not fork_available():
+        pytest.skip("experiments need fork")
+    x, y = _data()
+    model = nn.Linear(10, 4)
+    adam = torch.optim.Adam(model.parameters(), lr=1e-3)
+    _backward(model, x, y)
+    weights = model.weight.detach().clone()
+    result = run_probe("optimizer_stepped", _context(model, x, y, optimizer=adam), 60)
+    assert result.status == "confirmed", result.detail
+    assert not adam.state and torch.equal(model.weight.detach(), weights)  # the step ran in the child only
+
+
+def test_the_runner_confirms_the_lost_step_of_a_finished_run(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT, triage_env
+
+    script = ROOT / "corpus" / "scripts" / "learning" / "accumulation_step_never_reached.py"
+    done = subprocess.run([sys.executable, "-m", "triage", "--report-dir", str(tmp_path / "r"), str(script)],
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path, env=triage_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    leading = json.loads((tmp_path / "r" / "report.json").read_text())["diagnoses"][0]
+    assert leading["rule"] == "learning.backward-without-step"
+    (probe,) = leading["probes"]
+    assert probe["name"] == "optimizer_stepped" and probe["status"] == "confirmed", probe["detail"]
+    assert "Adam over 4 tensors has no per-parameter state" in probe["detail"]
