@@ -30,7 +30,8 @@ NAME = "heldout_learnability"
 MAX_EXAMPLES = 4096
 TRAIN_SHARE = 0.75
 MAX_EPOCHS = 40
-TIME_BUDGET_S = 20.0
+READ_BUDGET_S = 10.0  # reading the Dataset's examples (a Dataset that decodes images is slow) stops after this
+TIME_BUDGET_S = 20.0  # training stops after this, between two batches
 LEARNED = 0.9  # a loss at most this share of where it started has fallen
 UNMOVED = 0.98  # a held-out loss at least this share of where it started has not
 
@@ -42,18 +43,19 @@ def heldout_learnability(ctx: ProbeContext) -> ProbeResult:
         return result(NAME, "skipped", str(exc))
     dataset, model, loss_fn = feed["dataset"], ctx.model, ctx.loss_fn
     size = len(dataset)
-    count = min(size, MAX_EXAMPLES)
-    order = torch.randperm(size, generator=torch.Generator().manual_seed(0))[:count].tolist()
-    cut = int(count * TRAIN_SHARE)
+    order = torch.randperm(size, generator=torch.Generator().manual_seed(0))[:MAX_EXAMPLES].tolist()
     batch_size = max(1, int(getattr(ctx.loader, "batch_size", None) or 32))
     try:
-        train = _batches(ctx.loader, dataset, order[:cut], batch_size, feed)
-        held = _batches(ctx.loader, dataset, order[cut:], batch_size, feed)
+        examples = _read(dataset, order)
+        count = len(examples)
+        cut = int(count * TRAIN_SHARE)
+        train = _batches(ctx.loader, examples[:cut], batch_size, feed)
+        held = _batches(ctx.loader, examples[cut:], batch_size, feed)
     except Exception as exc:
         return result(NAME, "skipped", f"the Dataset's examples could not be collated: {exception_line(exc)}")
     if len(train) < 2 or not held:
-        return result(NAME, "skipped", f"the Dataset has {size} examples: too few to split into a training and a "
-                      "held-out part")
+        return result(NAME, "skipped", f"{count} of the Dataset's {size} examples were read: too few to split into a "
+                      "training and a held-out part")
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         return result(NAME, "skipped", "no parameter of the model requires grad")
@@ -100,13 +102,25 @@ def _feed(ctx: ProbeContext) -> dict[str, Any]:
             "args": tuple(ctx.model_args), "kwargs": dict(ctx.model_kwargs or {})}
 
 
-def _batches(loader: Any, dataset: Any, indices: list[int], size: int, feed: dict[str, Any]) -> list[tuple]:
+def _read(dataset: Any, order: list[int]) -> list[Any]:
+    """The examples at `order`, as many as READ_BUDGET_S allows."""
+    started = time.monotonic()
+    examples = []
+    for index in order:
+        if time.monotonic() - started > READ_BUDGET_S:
+            break
+        examples.append(dataset[index])
+    return examples
+
+
+def _batches(loader: Any, examples: list[Any], size: int, feed: dict[str, Any]) -> list[tuple]:
+    """(inputs, labels) of each batch of `examples`, collated as the run's DataLoader collates."""
     from torch.utils.data import default_collate
 
     collate = getattr(loader, "collate_fn", None) or default_collate
     out = []
-    for start in range(0, len(indices), size):
-        batch = collate([dataset[i] for i in indices[start:start + size]])
+    for start in range(0, len(examples), size):
+        batch = collate(examples[start:start + size])
         out.append((batch[feed["input"]], batch[feed["target"]]))
     return out
 
@@ -133,6 +147,8 @@ def _train(model: Any, loss_fn: Any, batches: list[tuple], feed: dict[str, Any],
     epochs = 0
     while epochs < MAX_EPOCHS and time.monotonic() - started < TIME_BUDGET_S:
         for inputs, target in batches:
+            if time.monotonic() - started > TIME_BUDGET_S:
+                break
             optimizer.zero_grad()
             with torch.enable_grad():
                 loss = _call(model, loss_fn, inputs, target, feed)
