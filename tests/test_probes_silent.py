@@ -117,7 +117,8 @@ def test_gradient_reach_confirms_a_cut_and_names_the_module_it_follows():
 
     torch.manual_seed(0)
     x, y = _data()
-    ctx = _context(_Encoded(cut=True), x, y, diagnosis=_diagnosis(params="model.encoder.0.weight, model.encoder.0.bias"))
+    listed = "model.encoder.0.weight, model.encoder.0.bias"
+    ctx = _context(_Encoded(cut=True), x, y, diagnosis=_diagnosis(params=listed))
     result = gradient_reach(ctx)
     assert result.status == "confirmed", result.detail
     assert result.facts["unreached"] == ["encoder.0.weight", "encoder.0.bias"]
@@ -419,7 +420,7 @@ def test_gradient_reach_skips_parameters_no_module_holds():
     assert result.status == "skipped" and "no module holds" in result.detail
 
 
-# ---------------------------------------------------------------------------- in the experiment's child, under the runner
+# ---------------------------------------------------------------------------- in the child, under the runner
 
 
 def test_an_experiment_that_steps_the_optimizer_leaves_the_users_objects_as_they_were():

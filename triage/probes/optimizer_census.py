@@ -24,14 +24,7 @@ from ..diagnosis import ProbeResult
 from ..live_objects import live_objects
 from ._support import Unavailable, exception_line, result
 from .context import ProbeContext
-from .step_measures import last_step, replay_backward
-
-MAX_NAMES = 6
-
-
-def _shown(names: list[str]) -> str:
-    return ", ".join(names[:MAX_NAMES]) + (f", ... ({len(names)} in all)" if len(names) > MAX_NAMES else "")
-
+from .step_measures import last_step, replay_backward, script_prefix, shown
 
 def _optimizers(ctx: ProbeContext) -> list[torch.optim.Optimizer]:
     """The run's optimizer, else every live one (an optimizer that never stepped is unknown to the Tracker)."""
@@ -118,6 +111,7 @@ def optimizer_membership(ctx: ProbeContext) -> ProbeResult:
         note = _fill_gradients(ctx, [p for _, p in named])
     except Unavailable as exc:
         return result(name, "skipped", str(exc))
+    prefix = script_prefix(model)
     held = {id(p) for o in optimizers for g in o.param_groups for p in g["params"]}
     outside = [(n, p) for n, p in named if id(p) not in held and p.grad is not None and bool(p.grad.any())]
     model_ids = {id(p) for p in model.parameters()}
@@ -126,25 +120,26 @@ def optimizer_membership(ctx: ProbeContext) -> ProbeResult:
     facts: dict[str, Any] = {"outside": [n for n, _ in outside], "optimizers": labels,
                              "not_in_model": [list(s) for s in stale]}
     if not outside:
-        return result(name, "refuted", f"every parameter of {type(model).__name__} with a non-zero gradient{note} is in "
-                      f"a param group of {labels}", **facts)
+        return result(name, "refuted", f"every parameter of {type(model).__name__} with a non-zero gradient{note} is "
+                      f"in a param group of {labels}", **facts)
+    outside_names = shown([n for n, _ in outside], prefix)
     before = {id(p): p.detach().clone() for o in optimizers for g in o.param_groups for p in g["params"]}
     before.update({id(p): p.detach().clone() for _, p in outside})
     try:
         for optimizer in optimizers:
             optimizer.step()
     except Exception as exc:
-        return result(name, "inconclusive", f"{_shown([n for n, _ in outside])} have gradients but are in no param "
-                      f"group; one optimizer step in the experiment raised {exception_line(exc)}", **facts)
+        return result(name, "inconclusive", f"{outside_names} have gradients but are in no param group; one "
+                      f"optimizer step in the experiment raised {exception_line(exc)}", **facts)
     held_params = [p for o in optimizers for g in o.param_groups for p in g["params"]]
     moved = sum(1 for p in held_params if not torch.equal(p.detach(), before[id(p)]))
     unmoved = [n for n, p in outside if torch.equal(p.detach(), before[id(p)])]
     stale_text = (f"; the optimizer holds {len(stale)} tensors no longer in the model ("
                   f"{', '.join(str(list(s)) for s in stale[:4])}): those of a layer replaced after it was built"
                   if stale else "")
-    detail = (f"{_shown([n for n, _ in outside])} have non-zero gradients{note} but are in no param group of {labels}; "
+    detail = (f"{outside_names} have non-zero gradients{note} but are in no param group of {labels}; "
               f"one step() in the experiment moved {moved} of the {len(held_params)} tensors the optimizers hold and "
-              f"left {_shown(unmoved) if unmoved else 'none of them'} unchanged{stale_text}")
+              f"left {shown(unmoved, prefix) if unmoved else 'none of them'} unchanged{stale_text}")
     status = "confirmed" if unmoved else "inconclusive"
     return result(name, status, detail, **facts)
 
@@ -165,15 +160,17 @@ def requires_grad_flags(ctx: ProbeContext) -> ProbeResult:
                 if any(p.requires_grad != value for p in module.parameters())]
     facts: dict[str, Any] = {"attributes": [f"{path or type(model).__name__}={value}" for path, _, value in stray]}
     if not disagree:
-        shown = (f"the plain attributes {', '.join(facts['attributes'])} agree with their parameters' flags" if stray
-                 else f"no module of {type(model).__name__} has `requires_grad` set as a plain attribute")
-        return result(name, "refuted", shown, **facts)
+        said = (f"the plain attributes {', '.join(facts['attributes'])} agree with their parameters' flags" if stray
+                else f"no module of {type(model).__name__} has `requires_grad` set as a plain attribute")
+        return result(name, "refuted", said, **facts)
     path, module, value = disagree[0]
-    label = path or type(model).__name__
+    prefix = script_prefix(model)
+    label = prefix + path if path else prefix.rstrip(".") or type(model).__name__
     params = [(f"{path}.{n}" if path else n, p) for n, p in module.named_parameters()]
     flags = sum(1 for _, p in params if p.requires_grad)
-    census = (f"module {label} has a plain attribute requires_grad={value}, while {len(params) - flags if value else flags}"
-              f" of its {len(params)} parameters have requires_grad={not value}")
+    disagreeing = len(params) - flags if value else flags
+    census = (f"module {label} has a plain attribute requires_grad={value}, while {disagreeing} of its {len(params)} "
+              f"parameters have requires_grad={not value}")
     facts.update({"module": label, "value": value})
     if not value:  # meant to freeze: the fix's replay would only show gradients vanishing
         return result(name, "confirmed", f"{census}: the attribute did not freeze them", **facts)
@@ -189,6 +186,6 @@ def requires_grad_flags(ctx: ProbeContext) -> ProbeResult:
     facts["gradients_after_fix"] = got
     if got:
         return result(name, "confirmed", f"{census}; with {label}.requires_grad_(True) a replay of the last step gives "
-                      f"{_shown(got)} non-zero gradients", **facts)
+                      f"{shown(got, prefix)} non-zero gradients", **facts)
     return result(name, "inconclusive", f"{census}; with {label}.requires_grad_(True) a replay of the last step still "
                   "gives them no gradient: their path to the loss is cut too", **facts)

@@ -114,8 +114,18 @@ def matches(param_name: str, wanted: list[str]) -> bool:
     return any(w == param_name or w.endswith("." + param_name) for w in wanted)
 
 
-def _shown(names: list[str]) -> str:
-    return ", ".join(names[:MAX_NAMES]) + (f", ... ({len(names)} in all)" if len(names) > MAX_NAMES else "")
+def shown(names: list[str], prefix: str = "") -> str:
+    """`model.fc.weight, model.fc.bias`: the first MAX_NAMES names, as the script writes them."""
+    return ", ".join(prefix + n for n in names[:MAX_NAMES]) + (f", ... ({len(names)} in all)"
+                                                                if len(names) > MAX_NAMES else "")
+
+
+def script_prefix(model: Any) -> str:
+    """`model.` when the script binds the model to a global name (the health checks' names carry it), else ''."""
+    import sys
+
+    scope = getattr(sys.modules.get("__main__"), "__dict__", {})
+    return next((f"{key}." for key, value in scope.items() if value is model and not key.startswith("_")), "")
 
 
 # ---------------------------------------------------------------------------- softmax_rows
@@ -171,11 +181,13 @@ def relu_activity(ctx: ProbeContext) -> ProbeResult:
         return result(name, "skipped", str(exc))
     model = step.model.module
     names = module_names(model)
+    prefix = script_prefix(model)
     seen: list[dict[str, Any]] = []
 
     def record(module: nn.Module, args: Any, output: Any) -> None:
         if isinstance(output, torch.Tensor) and output.dim() >= 2 and output.numel():
-            entry = _units(output.detach(), f"module {display_name(names.get(id(module), ''), module)}")
+            path = names.get(id(module), "")
+            entry = _units(output.detach(), f"module {display_name(prefix + path if path else path, module)}")
             before = args[0] if args and isinstance(args[0], torch.Tensor) else None
             entry["largest_input"] = float(before.detach().max()) if before is not None and before.numel() else None
             seen.append(entry)
@@ -206,11 +218,12 @@ def relu_activity(ctx: ProbeContext) -> ProbeResult:
         return result(name, "confirmed",
                       f"replaying the last batch ({batch} examples), {worst['dead_units']} of {worst['units']} units "
                       f"of {worst['label']} ({worst['dead']:.0%}) are 0 for every example{pre}; the replayed backward "
-                      f"gives {_shown(zero_grad)} a gradient of exactly 0", **facts)
+                      f"gives {shown(zero_grad, prefix)} a gradient of exactly 0", **facts)
     if worst["dead"] < ALIVE_UNITS:
         return result(name, "refuted",
-                      f"replaying the last batch ({batch} examples), at most {worst['dead']:.0%} of the units of any of "
-                      f"the {len(seen)} ReLUs are 0 for every example: the ReLUs pass gradients", **facts)
+                      f"replaying the last batch ({batch} examples), at most {worst['dead']:.0%} of the units of any "
+                      "of the "
+                      f"{len(seen)} ReLUs are 0 for every example: the ReLUs pass gradients", **facts)
     return result(name, "inconclusive",
                   f"replaying the last batch ({batch} examples), {worst['dead']:.0%} of the units of {worst['label']} "
                   f"are 0 for every example{pre}" + ("" if zero_grad else ", but no parameter's gradient is exactly 0"),
@@ -271,14 +284,16 @@ def gradient_reach(ctx: ProbeContext) -> ProbeResult:
     if wanted:
         trainable = [(n, p) for n, p in trainable if matches(n, wanted)]
         if not trainable:
-            return result(name, "skipped", f"none of {_shown(wanted)} is a parameter of the replayed model "
+            return result(name, "skipped", f"none of {shown(wanted)} is a parameter of the replayed model "
                           f"({type(model).__name__}) that requires grad")
+    prefix = script_prefix(model)
     unreached = [n for n, p in trainable if p.grad is None]
     reached = [n for n, p in trainable if p.grad is not None]
     facts = {"unreached": unreached, "reached": reached, "loss": replay.loss_source}
     if not unreached:
         return result(name, "refuted", f"a replay of the last step (forward, {replay.loss_source}, backward) gives all "
-                      f"{len(reached)} of {_shown(reached)} a gradient: the path to the loss is not cut", **facts)
+                      f"{len(reached)} of {shown(reached, prefix)} a gradient: the path to the loss is not cut",
+                      **facts)
     cut = _where_cut(model, replay.calls, set(unreached))
     facts["cut_after"] = cut
     where = ""
@@ -286,12 +301,13 @@ def gradient_reach(ctx: ProbeContext) -> ProbeResult:
         path, output_has_grad = cut
         module = model.get_submodule(path) if path else model
         parent = type(model.get_submodule(path.rpartition(".")[0]) if "." in path else model).__name__
-        where = (f"; the output of {display_name(path, module)} requires grad, so the graph is cut after it, in "
-                 f"{parent}.forward" if output_has_grad else
-                 f"; the output of {display_name(path, module)} already has no grad_fn: the cut is inside its forward")
+        label = display_name(prefix + path, module)
+        where = (f"; the output of {label} requires grad, so the graph is cut after it, in {parent}.forward"
+                 if output_has_grad else
+                 f"; the output of {label} already has no grad_fn: the cut is inside its forward")
     return result(name, "confirmed",
                   f"a replay of the last step (forward, {replay.loss_source}, backward) leaves .grad None on "
-                  f"{_shown(unreached)} ({len(unreached)} parameters that require grad){where}", **facts)
+                  f"{shown(unreached, prefix)} ({len(unreached)} parameters that require grad){where}", **facts)
 
 
 def _where_cut(model: nn.Module, calls: list[tuple[str, bool, bool]], unreached: set[str]) -> tuple[str, bool] | None:
@@ -350,8 +366,8 @@ def grad_carryover(ctx: ProbeContext) -> ProbeResult:
     if ratio <= CLEARED:
         return result(name, "refuted", f"{measured}: .grad is the last step's gradient alone (they differ by "
                       f"{ratio:.0%} of its norm), so the gradients are cleared between steps", **facts)
-    return result(name, "inconclusive", f"{measured}: they differ by {ratio:.0%} of the step's norm, neither one step's "
-                  "gradient nor clearly several", **facts)
+    return result(name, "inconclusive", f"{measured}: they differ by {ratio:.0%} of the step's norm, neither one "
+                  "step's gradient nor clearly several", **facts)
 
 
 def _called_after_last_step() -> str:
