@@ -51,10 +51,18 @@ def test_softmax_rows_confirms_probabilities_and_refutes_logits():
     assert "logits" in result.detail
 
 
-def test_softmax_rows_skips_an_output_without_classes():
+def test_softmax_rows_measures_the_loss_input_itself_and_skips_an_output_without_classes():
     from triage.probes.step_measures import softmax_rows
 
-    x, _ = _data()
+    torch.manual_seed(0)
+    x, y = _data()
+    model = nn.Linear(10, 4)  # logits, softmaxed in the loop before the loss
+    ctx = _context(model, x, y)
+    ctx.loss_args = (torch.softmax(model(x), dim=1), y)
+    assert softmax_rows(ctx).status == "confirmed"
+    ctx.loss_args = None  # no loss module recorded: the model's logits cannot rule out a softmax after it
+    result = softmax_rows(ctx)
+    assert result.status == "inconclusive" and "not recorded" in result.detail
     result = softmax_rows(_context(nn.Sequential(nn.Linear(10, 1), nn.Flatten(0)), x, torch.zeros(64),
                                    loss_fn=nn.MSELoss()))
     assert result.status == "skipped" and "no class dimension" in result.detail

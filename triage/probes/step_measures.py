@@ -132,41 +132,49 @@ def script_prefix(model: Any) -> str:
 
 
 def softmax_rows(ctx: ProbeContext) -> ProbeResult:
-    """Replay the model's last call and test whether its output is already a probability distribution."""
+    """Test whether what cross_entropy got is already a probability distribution: the input of the loss module's
+    last recorded call, or, with no loss module, the model's output on a replay of its last call."""
     name = "softmax_rows"
-    try:
-        step = last_step(ctx)
-        with torch.no_grad():
-            output = first_tensor(call(step.model_call))
-    except Unavailable as exc:
-        return result(name, "skipped", str(exc))
-    except Exception as exc:
-        return result(name, "inconclusive", f"replaying the model's last call raised {exception_line(exc)}")
-    if output is None or not output.is_floating_point() or output.dim() < 2 or output.shape[1] < 2:
-        shown = describe(output) if isinstance(output, torch.Tensor) else type(output).__name__
-        return result(name, "skipped", f"the model's output ({shown}) has no class dimension to sum over")
-    scores = output.detach().float()
+    recorded = ctx.loss_args[0] if ctx.loss_args else None
+    if isinstance(recorded, torch.Tensor) and recorded.is_floating_point():
+        scores, what = recorded, "the input of the loss's last call"
+    else:
+        try:
+            step = last_step(ctx)
+            with torch.no_grad():
+                scores = first_tensor(call(step.model_call))
+        except Unavailable as exc:
+            return result(name, "skipped", str(exc))
+        except Exception as exc:
+            return result(name, "inconclusive", f"replaying the model's last call raised {exception_line(exc)}")
+        what = "the model's output on a replay of its last call"
+    if scores is None or not scores.is_floating_point() or scores.dim() < 2 or scores.shape[1] < 2:
+        said = describe(scores) if isinstance(scores, torch.Tensor) else type(scores).__name__
+        return result(name, "skipped", f"{what} ({said}) has no class dimension to sum over")
+    shape = describe(scores)
+    scores = scores.detach().float()
     classes = int(scores.shape[1])
     sums = scores.sum(dim=1)
     deviation = float((sums - 1).abs().max())
     low, high = float(scores.min()), float(scores.max())
-    facts = {"shape": list(scores.shape), "classes": classes, "min": low, "max": high,
+    facts = {"measured": what, "shape": list(scores.shape), "classes": classes, "min": low, "max": high,
              "row_sum_min": float(sums.min()), "row_sum_max": float(sums.max())}
-    shown = describe(output)
     if low >= 0 and high <= 1 and deviation <= ROW_SUM_TOLERANCE:
         # log-softmax of inputs in [0, 1]: the best it can do is one input at 1, the rest at 0
         floor = math.log(1 + (classes - 1) / math.e)
         facts["loss_floor"] = floor
         return result(name, "confirmed",
-                      f"the model's output on its last batch ({shown}) lies in [{low:.3g}, {high:.3g}] and each of its "
-                      f"{sums.numel()} rows sums to 1 over the {classes} classes (largest deviation {deviation:.1e}): "
-                      f"it is already softmax probabilities, and cross_entropy's log-softmax of them cannot go below "
+                      f"{what} ({shape}) lies in [{low:.3g}, {high:.3g}] and each of its {sums.numel()} rows sums to "
+                      f"1 over the {classes} classes (largest deviation {deviation:.1e}): it is already softmax "
+                      f"probabilities, and cross_entropy's log-softmax of them cannot go below "
                       f"log(1 + {classes - 1}/e) = {floor:.3f}, against log({classes}) = {math.log(classes):.3f} at "
                       f"chance", **facts)
-    return result(name, "refuted",
-                  f"the model's output on its last batch ({shown}) is not a probability distribution: values in "
-                  f"[{low:.3g}, {high:.3g}], row sums from {float(sums.min()):.3g} to {float(sums.max()):.3g}: "
-                  "cross_entropy gets logits", **facts)
+    measured = (f"{what} ({shape}) is not a probability distribution: values in [{low:.3g}, {high:.3g}], row sums "
+                f"from {float(sums.min()):.3g} to {float(sums.max()):.3g}")
+    if recorded is None:  # a softmax between the model and a functional loss would not show in the model's output
+        return result(name, "inconclusive", f"{measured}; the loss's own input was not recorded (no loss module)",
+                      **facts)
+    return result(name, "refuted", f"{measured}: cross_entropy gets logits", **facts)
 
 
 # ---------------------------------------------------------------------------- relu_activity
