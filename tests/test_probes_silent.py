@@ -75,12 +75,13 @@ def test_relu_activity_confirms_units_dead_for_every_example():
     from triage.probes.step_measures import relu_activity
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 4))
+    model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(inplace=True), nn.Linear(16, 4))
     nn.init.constant_(model[0].bias, -20.0)
     x, y = _data()
     result = relu_activity(_context(model, x, y))
     assert result.status == "confirmed", result.detail
     assert result.facts["dead_fraction"] == 1.0
+    assert result.facts["relus"][0]["largest_input"] < -10  # read before the inplace ReLU overwrote it
     assert "16 of 16 units of module 1 (ReLU)" in result.detail
     assert set(result.facts["zero_gradient"]) == {"0.weight", "0.bias", "2.weight"}
 

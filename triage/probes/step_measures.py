@@ -192,15 +192,22 @@ def relu_activity(ctx: ProbeContext) -> ProbeResult:
     prefix = script_prefix(model)
     seen: list[dict[str, Any]] = []
 
+    largest: dict[int, float] = {}
+
+    def read_input(module: nn.Module, args: Any) -> None:  # before the ReLU runs: an inplace one overwrites it
+        if args and isinstance(args[0], torch.Tensor) and args[0].numel():
+            largest[id(module)] = float(args[0].detach().max())
+
     def record(module: nn.Module, args: Any, output: Any) -> None:
         if isinstance(output, torch.Tensor) and output.dim() >= 2 and output.numel():
             path = names.get(id(module), "")
             entry = _units(output.detach(), f"module {display_name(prefix + path if path else path, module)}")
-            before = args[0] if args and isinstance(args[0], torch.Tensor) else None
-            entry["largest_input"] = float(before.detach().max()) if before is not None and before.numel() else None
+            entry["largest_input"] = largest.pop(id(module), None)
             seen.append(entry)
 
-    handles = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, nn.ReLU)]
+    relus = [m for m in model.modules() if isinstance(m, nn.ReLU)]
+    handles = [*(m.register_forward_pre_hook(read_input) for m in relus),
+               *(m.register_forward_hook(record) for m in relus)]
     functional: list[dict[str, Any]] = []
     try:
         replay_backward(step, before_backward=lambda loss: functional.extend(_functional_relus(loss)))
