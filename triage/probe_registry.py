@@ -22,6 +22,18 @@ PROBES: dict[str, str] = {
     "gradcheck": "triage.probes.gradcheck:gradcheck",
     "determinism": "triage.probes.determinism:determinism",
     "compile_compare": "triage.probes.compile_compare:compile_compare",
+    # measurements on a replay of the model's last recorded call, from the weights a finished run ended with
+    "softmax_rows": "triage.probes.step_measures:softmax_rows",
+    "relu_activity": "triage.probes.step_measures:relu_activity",
+    "gradient_reach": "triage.probes.step_measures:gradient_reach",
+    "grad_carryover": "triage.probes.step_measures:grad_carryover",
+    # a census of the live optimizers and modules, then one step or one replay as the fix would act
+    "optimizer_stepped": "triage.probes.optimizer_census:optimizer_stepped",
+    "optimizer_membership": "triage.probes.optimizer_census:optimizer_membership",
+    "requires_grad_flags": "triage.probes.optimizer_census:requires_grad_flags",
+    "lr_replay": "triage.probes.lr_replay:lr_replay",  # a few steps at the run's learning rate and at a tenth
+    "graph_memory": "triage.probes.graph_memory:graph_memory",  # what the graphs a container keeps hold
+    "heldout_learnability": "triage.probes.learnability:heldout_learnability",  # train on part, test on the rest
     # torch.compile failures: does the step run without the compiler?
     "eager_rerun": "triage.probes.eager_rerun:eager_rerun",
     # checkpoint failures: the state dict's keys against the model's, or the file torch.load refused
