@@ -251,3 +251,15 @@ def test_lint_of_one_built_in_file_reports_its_yaml_errors(tmp_path, monkeypatch
     assert rules_main(["lint", str(broken)]) == 1
     assert "duplicate key 'kind'" in capsys.readouterr().out
     assert rules_main(["lint", str(builtin / "shape.yaml")]) == 0
+
+
+def test_a_cause_reads_the_log_s_lines_outside_the_traceback(tmp_path):
+    rule = RULE.replace("    - id: void-label\n      when: target|int == 255",
+                        "    - id: void-label\n      when: \"'ignore_label' in log_lines|join(' ')|lower\"")
+    kb = load_paths([write(tmp_path, rule)])
+    assert kb.problems == []
+    said = parse_text("config: ignore_label=10\nIndexError: Target 10 is out of bounds.\n")
+    silent = parse_text("config: lr=0.1\nIndexError: Target 10 is out of bounds.\n")
+    assert "config: ignore_label=10" in said.log_lines
+    assert diagnose(said, kb)[0].cause == "team.label-out-of-range/void-label"
+    assert diagnose(silent, kb)[0].cause == "team.label-out-of-range"

@@ -17,6 +17,7 @@ WEIGHT_ROOT = 1.0
 WEIGHT_OTHER = 0.85
 WEIGHT_WRAPPER = 0.7
 MAX_EVIDENCE_CHARS = 400
+MAX_CONTEXT_LOG_LINES = 200
 
 
 def diagnose(incident: Incident, kb: KnowledgeBase, warnings: list[str] | None = None) -> list[Diagnosis]:
@@ -274,6 +275,9 @@ def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame
         "exit_code": incident.exit_code,
         "facts": incident.facts,
         "log_match": values.get("log_match", ""),
+        # The log's lines outside the tracebacks (progress lines, warnings, prose around a paste): a cause's `when`
+        # reads evidence there, e.g. a "Using DataParallel" line. The last ones only, to bound template work.
+        "log_lines": incident.log_lines[-MAX_CONTEXT_LOG_LINES:],
     }
     context.update(values)
     context["probe"] = {}  # the experiments' facts, once they have run (rechoose)
