@@ -458,3 +458,22 @@ def test_a_conda_or_python_install_s_lowercase_lib_on_windows_is_the_stdlib_not_
     assert not is_user_path(r"C:\Users\a\AppData\Local\Programs\Python\Python36\lib\threading.py")
     assert not is_user_path(r"C:\Users\me\Miniconda3\lib\pickle.py")
     assert is_user_path(r"D:\proj\lib\utils.py") and is_user_path("/home/u/proj/lib/x.py")
+
+
+def test_a_headline_ending_on_a_colon_goes_on_after_the_fences_a_paste_put_inside_it():
+    bare = parse_text(
+        "```\nRuntimeError: one of the variables needed for gradient computation has been modified by an inplace"
+        " operation: \n```\n```\n[torch.FloatTensor [5, 6]], which is output 0 of TBackward, is at version 2;"
+        " expected version 1 instead.\n```\n")
+    assert bare.exception.message.splitlines()[1].startswith("[torch.FloatTensor [5, 6]]")
+    traced = parse_text(
+        'Traceback (most recent call last):\n  File "train.py", line 9, in <module>\n    loss.backward()\n'
+        "RuntimeError: something went wrong in this step:\n\n[details] the tensor was [3, 4]\n")
+    assert traced.exception.message == "something went wrong in this step:\n[details] the tensor was [3, 4]"
+
+
+def test_a_blank_line_still_ends_a_message_that_does_not_end_on_a_colon_or_is_followed_by_an_error():
+    plain = parse_text("RuntimeError: the step failed.\n\n[info] saving the checkpoint\n")
+    assert plain.exception.message == "the step failed."
+    then_error = parse_text("RuntimeError: the step failed here:\n\nValueError: another one\n")
+    assert then_error.exceptions[0].message == "the step failed here:"

@@ -477,6 +477,11 @@ class _TracebackScanner:
         while i < len(lines) and len(message_lines) < MAX_MESSAGE_LINES and size < MAX_MESSAGE_CHARS:
             line = lines[i]
             text = line.text
+            if not text.strip() and len(message_lines) == 1:
+                # A headline that ends on a colon goes on after a fence or blank line the paste put inside it.
+                i = _message_resumes(lines, i, message_lines[0])
+                if i < len(lines) and lines[i].text.strip():
+                    continue
             if not text.strip() or (line.record_start and not every_line_stamped):
                 break
             if "Traceback" in text and not text.lstrip().startswith("Original") and _TRACEBACK_HEAD.match(text):
@@ -785,6 +790,42 @@ def _join_split_errors(exceptions: list[ExceptionInfo]) -> tuple[list[ExceptionI
     return exceptions, notes, whole
 
 
+def _message_resumes(lines: list[LogLine], i: int, headline: str, max_blank: int = 2) -> int:
+    """Where an error headline cut by blank lines goes on: past the blanks when it ends on a colon and the next
+    line is neither a new record nor traceback text; else `i` itself (the blank line that ends the message)."""
+    if not headline.rstrip().endswith(":"):
+        return i
+    j = i
+    while j < len(lines) and j - i < max_blank and not lines[j].text.strip():
+        j += 1
+    if j >= len(lines) or not lines[j].text.strip() or lines[j].record_start:
+        return i
+    text = lines[j].text
+    if _TRACEBACK_HEAD.match(text) or _FRAME.match(text) or _EXCEPTION_LINE.match(text.lstrip()):
+        return i
+    return j
+
+
+def _bare_message_resumes(context: list[LogLine], index: int, headline: str, max_gap: int = 3) -> int | None:
+    """The index in `context` where a bare error's headline cut by blank lines goes on, or None (see _message_resumes)."""
+    if not headline.rstrip().endswith(":"):
+        return None
+    number = context[index].number
+    for j in range(index + 1, min(len(context), index + 1 + max_gap)):
+        follow = context[j]
+        if follow.number - number > max_gap:
+            return None
+        if not follow.text.strip():
+            continue
+        if follow.number == number + 1 or follow.record_start:
+            return None  # no break between them: the ordinary continuation reads it
+        text = follow.text
+        if _TRACEBACK_HEAD.match(text) or _FRAME.match(text) or _EXCEPTION_LINE.match(text.lstrip()):
+            return None
+        return j
+    return None
+
+
 def _cut_off_note(start: int) -> str:
     return f"a traceback at line {start} is cut off before its exception line"
 
@@ -814,10 +855,16 @@ def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
                 continue
             match = _BARE_ERROR_LINE.match(_inside_quotes(text, inside.start()))  # prose or a quote around it
         message = [match.group("msg") or ""]
-        for follow in context[index + 1 : index + 40]:
-            if not follow.text.strip() or follow.record_start or follow.number != line.number + len(message):
+        last = line.number
+        resumed = _bare_message_resumes(context, index, message[0])
+        if resumed is not None:  # a headline ending on a colon, cut by a fence or blank line the paste put inside it
+            message.append(context[resumed].text)
+            last = context[resumed].number
+        for follow in context[(resumed if resumed is not None else index) + 1 : index + 40]:
+            if not follow.text.strip() or follow.record_start or follow.number != last + 1:
                 break
             message.append(follow.text)
+            last = follow.number
         prompt = _statement_before(context, index)
         found.append(ExceptionInfo(match.group("type"), "\n".join(message).strip(), [prompt] if prompt else [],
                                    rank=line.rank, line_no=line.number))
