@@ -477,3 +477,19 @@ def test_a_blank_line_still_ends_a_message_that_does_not_end_on_a_colon_or_is_fo
     assert plain.exception.message == "the step failed."
     then_error = parse_text("RuntimeError: the step failed here:\n\nValueError: another one\n")
     assert then_error.exceptions[0].message == "the step failed here:"
+
+
+def test_a_forward_trace_just_before_an_error_line_without_its_traceback_belongs_to_it():
+    incident = parse_text(
+        "sys:1: RuntimeWarning: Traceback of forward call that caused the error:\n"
+        '  File "train.py", line 40, in <module>\n    loss = criterion(out)\n'
+        '  File "/home/me/proj/utils/dist.py", line 18, in pairwise\n    d = torch.sqrt(d2)\n'
+        "RuntimeError: Function 'SqrtBackward' returned nan values in its 0th output.\n")
+    assert incident.exception.side_label == "forward call"
+    assert incident.exception.side_user_frame().code == "d = torch.sqrt(d2)"
+    far = parse_text(
+        "sys:1: RuntimeWarning: Traceback of forward call that caused the error:\n"
+        '  File "train.py", line 40, in <module>\n    loss = criterion(out)\n'
+        + "epoch 1 step 5 loss 0.3\n" * 70
+        + "RuntimeError: Function 'SqrtBackward' returned nan values in its 0th output.\n")
+    assert far.exception.side_frames == []

@@ -750,13 +750,21 @@ def _assemble(streams: list[_Stream]) -> Incident:
 
 def _adopt_orphan_forward_traces(exceptions: list[ExceptionInfo], sides: list[_SideStack]) -> None:
     """An anomaly-mode forward trace printed just after an error line with no traceback (a notebook flushes
-    stderr out of order) belongs to that error."""
+    stderr out of order) belongs to that error; so does one printed just before an error line whose traceback
+    the paste left out (the order anomaly mode prints them in)."""
     for side in sides:
         start = side.lines[0].number if side.lines else 0
         owners = [e for e in exceptions if e.type and not e.side_frames and e.line_no is not None
                   and 0 <= start - e.line_no <= SIDE_GAP_LINES]
         if owners:
             owner = max(owners, key=lambda e: e.line_no or 0)
+            owner.side_frames, owner.side_label = side.frames, side.label
+            continue
+        end = side.lines[-1].number if side.lines else 0
+        followers = [e for e in exceptions if e.type and not e.frames and not e.side_frames and e.line_no is not None
+                     and 0 < e.line_no - end <= SIDE_GAP_LINES]
+        if followers and side.label == FORWARD_CALL:
+            owner = min(followers, key=lambda e: e.line_no or 0)
             owner.side_frames, owner.side_label = side.frames, side.label
 
 
