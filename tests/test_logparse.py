@@ -493,3 +493,19 @@ def test_a_forward_trace_just_before_an_error_line_without_its_traceback_belongs
         + "epoch 1 step 5 loss 0.3\n" * 70
         + "RuntimeError: Function 'SqrtBackward' returned nan values in its 0th output.\n")
     assert far.exception.side_frames == []
+
+
+def test_a_paste_wrapped_at_80_columns_inside_a_path_before_its_extension_is_joined_again():
+    # an 80-column terminal cut `.../torch/serialization` / `.py", line 135, in save`
+    site = "/home/ec2-user/anaconda3/lib/python3.6/site-packages/torch/serialization"
+    whole = ["Traceback (most recent call last):",
+             '  File "train.py", line 169, in train', "    torch.save(model.state_dict(), checkpoint_path)",
+             f'  File "{site}.py", line 135, in save',
+             '    return _with_file_like(f, "wb", lambda f: _save(obj, f, pickle_module, pickle_protocol))',
+             f'  File "{site}.py", line 115, in _with_file_like', "    f = open(f, mode)",
+             "FileNotFoundError: [Errno 2] No such file or directory: 'log_st/model.pth'"]
+    wrapped = [part for line in whole for part in (line[:80], line[80:]) if part]
+    assert sum(len(line) == 80 for line in wrapped) == 3 and max(map(len, wrapped)) == 80
+    exc = parse_text("\n".join(wrapped) + "\n").exception
+    assert [f.function for f in exc.frames] == ["train", "save", "_with_file_like"]
+    assert exc.frames[-1].file == f"{site}.py" and exc.frames[0].user and not exc.frames[-1].user
