@@ -263,3 +263,17 @@ def test_a_cause_reads_the_log_s_lines_outside_the_traceback(tmp_path):
     assert "config: ignore_label=10" in said.log_lines
     assert diagnose(said, kb)[0].cause == "team.label-out-of-range/void-label"
     assert diagnose(silent, kb)[0].cause == "team.label-out-of-range"
+
+
+def test_an_anomaly_warning_whose_error_line_was_not_pasted_still_names_the_backward_and_its_cause(tmp_path):
+    from triage.explain import explain_log
+    from triage.kb import load_knowledge_base
+
+    log = tmp_path / "paste.log"
+    log.write_text(
+        "/opt/conda/lib/python3.11/site-packages/torch/autograd/graph.py:824: UserWarning: Error detected in"
+        " LogBackward0. Traceback of forward call that caused the error:\n"
+        '  File "/home/me/vae/train.py", line 52, in <module>\n    loss = -(x * torch.log(recon)).sum()\n')
+    leading = explain_log(str(log), load_knowledge_base()).diagnoses[0]
+    assert (leading.rule, leading.cause) == ("nan.anomaly-forward-trace", "nan.anomaly-forward-trace/log-of-zero")
+    assert "the log stops before the error line" in leading.hypothesis
