@@ -509,3 +509,16 @@ def test_a_paste_wrapped_at_80_columns_inside_a_path_before_its_extension_is_joi
     exc = parse_text("\n".join(wrapped) + "\n").exception
     assert [f.function for f in exc.frames] == ["train", "save", "_with_file_like"]
     assert exc.frames[-1].file == f"{site}.py" and exc.frames[0].user and not exc.frames[-1].user
+
+
+def test_frames_without_a_header_just_before_anomaly_mode_s_nan_error_are_its_forward_trace():
+    frames = '....\n  File "main.py", line 374, in compute_plane\n    x, _ = torch.linalg.solve(A, B)\n\n'
+    traceback = ('Traceback (most recent call last):\n  File "main.py", line 544, in train\n    loss.backward()\n'
+                 "RuntimeError: Function '{}' returned nan values in its 0th output.\n")
+    anomaly = parse_text(frames + traceback.format("LinalgSolveExBackward0"))
+    assert len(anomaly.exceptions) == 1 and anomaly.exception.side_label == "forward call"
+    assert anomaly.exception.side_user_frame().function == "compute_plane"
+    assert not any("cut off" in note for note in anomaly.notes)
+    other = parse_text(frames + 'Traceback (most recent call last):\n  File "main.py", line 544, in train\n'
+                       "    loss.backward()\nRuntimeError: element 0 of tensors does not require grad\n")
+    assert other.exception.side_frames == [] and len(other.exceptions) == 2

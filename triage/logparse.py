@@ -728,6 +728,8 @@ def _assemble(streams: list[_Stream]) -> Incident:
     # A traceback joined with its error line was not cut off after all.
     notes = [note for note in notes if not any(note == _cut_off_note(start) for start in whole)] + joined
     _adopt_orphan_forward_traces(exceptions, [side for s in streams for side in s.orphan_sides])
+    exceptions, headless = _adopt_headless_forward_traces(exceptions)
+    notes = [note for note in notes if not any(note == _cut_off_note(start) for start in headless)]
     candidates = [e for e in exceptions if not e.wrapper and e.short_type not in _WRAPPER_TYPES and e.type]
     if any(not _is_spawn_echo(e) for e in candidates):
         candidates = [e for e in candidates if not _is_spawn_echo(e)]
@@ -766,6 +768,27 @@ def _adopt_orphan_forward_traces(exceptions: list[ExceptionInfo], sides: list[_S
         if followers and side.label == FORWARD_CALL:
             owner = min(followers, key=lambda e: e.line_no or 0)
             owner.side_frames, owner.side_label = side.frames, side.label
+
+
+# Anomaly mode's NaN check: the one error whose traceback it always precedes with the forward call's trace.
+_ANOMALY_NAN = re.compile(r"Function '\w+' returned nan values in its \d+")
+
+
+def _adopt_headless_forward_traces(exceptions: list[ExceptionInfo]) -> tuple[list[ExceptionInfo], list[int]]:
+    """Frames with no error line just before anomaly mode's NaN error are its forward trace, pasted without the
+    warning that heads it ("Error detected in ... Traceback of forward call"). Returns the exceptions left and the
+    lines where the adopted frames start."""
+    adopted: list[int] = []
+    for frames_only in [e for e in exceptions if not e.type and e.frames and e.line_no is not None]:
+        end = (frames_only.line_no or 0) + 2 * len(frames_only.frames)
+        after = [e for e in exceptions if e.type and not e.side_frames and e.line_no is not None
+                 and 0 < e.line_no - end <= SIDE_GAP_LINES and _ANOMALY_NAN.search(e.message)]
+        if after:
+            owner = min(after, key=lambda e: e.line_no or 0)
+            owner.side_frames, owner.side_label = frames_only.frames, FORWARD_CALL
+            exceptions = [e for e in exceptions if e is not frames_only]
+            adopted.append(frames_only.line_no or 0)
+    return exceptions, adopted
 
 
 # How far apart an error line and the frames it belongs to may be printed (a fence, a logger line, prose between).
