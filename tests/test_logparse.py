@@ -522,3 +522,12 @@ def test_frames_without_a_header_just_before_anomaly_mode_s_nan_error_are_its_fo
     other = parse_text(frames + 'Traceback (most recent call last):\n  File "main.py", line 544, in train\n'
                        "    loss.backward()\nRuntimeError: element 0 of tensors does not require grad\n")
     assert other.exception.side_frames == [] and len(other.exceptions) == 2
+
+
+def test_progress_indices_are_the_step_batch_and_iteration_numbers_not_an_epoch_or_a_setting():
+    from triage.logparse import progress_indices
+
+    lines = [" Epoch 0 batch 0's average loss: 8.7", "Speed 2178 samples/sec Loss nan Epoch: 3 Global Step: 20",
+             "E6 iter[ 14/ 15] | [Loss] nan | [step]    89", "Epoch [1][658/742] lr: 5e-05", "batch_size 32",
+             "steps_per_epoch 100", "Iteration 7: loss 0.1"]
+    assert progress_indices(lines) == [0, 20, 14, 89, 7]

@@ -136,6 +136,8 @@ _NAN_LINE = re.compile(
     r"|\bnan\b[^\n]{0,30}\b(?:loss|detected|encountered)\b"
     r"|non-finite (?:loss|gradients|model output) at step \d+"  # the wrapper's own report lines
 )
+# A progress line's step counter: `batch 0`, `Step: 20`, `iter[ 14/ 15]`, `[step]    89` (not an epoch's number).
+_PROGRESS_INDEX = re.compile(r"(?i)(?<![\w.])(?:batch|step|iter|iteration)(?:\]|\b)[\s:=#\[]{0,8}(\d{1,9})\b")
 # The training-health checks' findings (triage/health.py): a run that ended without learning.
 _SILENT_LINE = re.compile(r"triage: silent: [a-z-]+: ")
 # Words that make a line worth keeping from anywhere in a log; plain substring tests on the
@@ -859,6 +861,18 @@ def _bare_message_resumes(context: list[LogLine], index: int, headline: str, max
 
 def _cut_off_note(start: int) -> str:
     return f"a traceback at line {start} is cut off before its exception line"
+
+
+def progress_indices(lines: list[str]) -> list[int]:
+    """The step, batch or iteration numbers the log's progress lines show, in order (`Epoch 0 batch 0's loss` -> 0)."""
+    found: list[int] = []
+    for line in lines:
+        if "atch" in line or "tep" in line or "ter" in line or "ATCH" in line or "TEP" in line or "TER" in line:
+            found.extend(int(number) for number in _PROGRESS_INDEX.findall(line[:MAX_PROGRESS_LINE_CHARS]))
+    return found
+
+
+MAX_PROGRESS_LINE_CHARS = 2_000
 
 
 def _says_nan(text: str) -> bool:
