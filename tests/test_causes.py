@@ -277,3 +277,13 @@ def test_an_anomaly_warning_whose_error_line_was_not_pasted_still_names_the_back
     leading = explain_log(str(log), load_knowledge_base()).diagnoses[0]
     assert (leading.rule, leading.cause) == ("nan.anomaly-forward-trace", "nan.anomaly-forward-trace/log-of-zero")
     assert "the log stops before the error line" in leading.hypothesis
+
+
+def test_a_cause_reads_the_step_numbers_of_the_log_s_progress_lines(tmp_path):
+    rule = RULE.replace("    - id: void-label\n      when: target|int == 255",
+                        "    - id: void-label\n      when: log_steps and log_steps|max == 0")
+    kb = load_paths([write(tmp_path, rule)])
+    first = parse_text("epoch 0 batch 0 loss 2.3\nIndexError: Target 10 is out of bounds.\n")
+    later = parse_text("epoch 0 batch 0 loss 2.3\nepoch 0 batch 50 loss 1.9\nIndexError: Target 10 is out of bounds.\n")
+    assert diagnose(first, kb)[0].cause == "team.label-out-of-range/void-label"
+    assert diagnose(later, kb)[0].cause == "team.label-out-of-range"

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..diagnosis import Diagnosis, Fix
 from ..incident import ExceptionInfo, Frame, Incident
+from ..logparse import progress_indices
 from . import templates
 from .loader import KnowledgeBase
 from .rule import Cause, Rule
@@ -278,6 +279,8 @@ def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame
         # The log's lines outside the tracebacks (progress lines, warnings, prose around a paste): a cause's `when`
         # reads evidence there, e.g. a "Using DataParallel" line. The last ones only, to bound template work.
         "log_lines": incident.log_lines[-MAX_CONTEXT_LOG_LINES:],
+        # The step/batch/iteration numbers those lines show, in order: all 0 means it failed in the first step.
+        "log_steps": progress_indices(incident.log_lines[-MAX_CONTEXT_LOG_LINES:]),
     }
     context.update(values)
     context["probe"] = {}  # the experiments' facts, once they have run (rechoose)
