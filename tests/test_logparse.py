@@ -531,3 +531,9 @@ def test_progress_indices_are_the_step_batch_and_iteration_numbers_not_an_epoch_
              "E6 iter[ 14/ 15] | [Loss] nan | [step]    89", "Epoch [1][658/742] lr: 5e-05", "batch_size 32",
              "steps_per_epoch 100", "Iteration 7: loss 0.1"]
     assert progress_indices(lines) == [0, 20, 14, 89, 7]
+
+
+def test_a_metrics_table_with_nan_under_its_loss_column_is_a_nan_incident():
+    table = "epoch train loss valid loss accuracy_thresh f2_opt\n0 {} {} 0.997788 0.000000\n"
+    assert parse_text(table.format("nan", "nan")).kind == "nan"
+    assert parse_text(table.format("0.6931", "0.6812")).kind == "exception"

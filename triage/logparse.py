@@ -747,7 +747,8 @@ def _assemble(streams: list[_Stream]) -> Incident:
     _read_deaths(incident, context, exceptions)
     if root is None and incident.signal is None and any(_SILENT_LINE.search(line.text) for line in context):
         incident.kind = "silent"
-    elif root is None and incident.signal is None and any(_says_nan(line.text) for line in context):
+    elif root is None and incident.signal is None and (any(_says_nan(line.text) for line in context)
+                                                        or _table_says_nan([line.text for line in context])):
         incident.kind = "nan"
     return incident
 
@@ -873,6 +874,19 @@ def progress_indices(lines: list[str]) -> list[int]:
 
 
 MAX_PROGRESS_LINE_CHARS = 2_000
+
+
+def _table_says_nan(lines: list[str]) -> bool:
+    """A metrics table (fastai's, a trainer's epoch summary) whose header names a loss column and whose row under
+    it holds NaN/Inf: `epoch train_loss valid_loss` / `0 nan nan 0.99`."""
+    for header, row in zip(lines, lines[1:]):
+        if "loss" in header.lower() and _TABLE_NAN_ROW.match(row) and not any(word.isdigit() for word in header.split()):
+            return True
+    return False
+
+
+# A table row: the epoch's number, then the first column's value non-finite.
+_TABLE_NAN_ROW = re.compile(r"(?i)\s*\d{1,6}\s+[-+]?(?:nan|inf)\b")
 
 
 def _says_nan(text: str) -> bool:
