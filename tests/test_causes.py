@@ -300,7 +300,7 @@ STRATEGY_RULE = """\
       hypothesis: The file_system strategy shared it.
       fix: Switch strategy.
     - id: resumed-run
-      when: "'resuming from' in log|lower"
+      when: "'resuming from' in log_lines|join(' ')|lower"
       hypothesis: The run was resumed.
       fix: Resume elsewhere.
   examples:
@@ -402,3 +402,39 @@ def test_a_cause_reads_library_frames_the_user_frame_does_not_show(tmp_path):
     _, plain = diagnosis_for(tmp_path, "RuntimeError: CUDA error: an illegal memory access was encountered\n",
                              FRAMES_RULE)
     assert plain.cause == "team.illegal-access" and plain.context["frames"] == []
+
+
+def test_a_cause_reads_the_log_s_lines_outside_the_traceback(tmp_path):
+    rule = RULE.replace("    - id: void-label\n      when: target|int == 255",
+                        "    - id: void-label\n      when: \"'ignore_label' in log_lines|join(' ')|lower\"")
+    kb = load_paths([write(tmp_path, rule)])
+    assert kb.problems == []
+    said = parse_text("config: ignore_label=10\nIndexError: Target 10 is out of bounds.\n")
+    silent = parse_text("config: lr=0.1\nIndexError: Target 10 is out of bounds.\n")
+    assert "config: ignore_label=10" in said.log_lines
+    assert diagnose(said, kb)[0].cause == "team.label-out-of-range/void-label"
+    assert diagnose(silent, kb)[0].cause == "team.label-out-of-range"
+
+
+def test_an_anomaly_warning_whose_error_line_was_not_pasted_still_names_the_backward_and_its_cause(tmp_path):
+    from triage.explain import explain_log
+    from triage.kb import load_knowledge_base
+
+    log = tmp_path / "paste.log"
+    log.write_text(
+        "/opt/conda/lib/python3.11/site-packages/torch/autograd/graph.py:824: UserWarning: Error detected in"
+        " LogBackward0. Traceback of forward call that caused the error:\n"
+        '  File "/home/me/vae/train.py", line 52, in <module>\n    loss = -(x * torch.log(recon)).sum()\n')
+    leading = explain_log(str(log), load_knowledge_base()).diagnoses[0]
+    assert (leading.rule, leading.cause) == ("nan.anomaly-forward-trace", "nan.anomaly-forward-trace/log-of-zero")
+    assert "the log stops before the error line" in leading.hypothesis
+
+
+def test_a_cause_reads_the_step_numbers_of_the_log_s_progress_lines(tmp_path):
+    rule = RULE.replace("    - id: void-label\n      when: target|int == 255",
+                        "    - id: void-label\n      when: log_steps and log_steps|max == 0")
+    kb = load_paths([write(tmp_path, rule)])
+    first = parse_text("epoch 0 batch 0 loss 2.3\nIndexError: Target 10 is out of bounds.\n")
+    later = parse_text("epoch 0 batch 0 loss 2.3\nepoch 0 batch 50 loss 1.9\nIndexError: Target 10 is out of bounds.\n")
+    assert diagnose(first, kb)[0].cause == "team.label-out-of-range/void-label"
+    assert diagnose(later, kb)[0].cause == "team.label-out-of-range"

@@ -541,3 +541,82 @@ def test_a_rule_matching_an_empty_message_adopts_nothing_beside_a_traceback(tmp_
 
     report = explain_log(str(log), load_knowledge_base([]))
     assert [exc.type for exc in report.incident.exceptions] == ["RuntimeError"]
+
+
+def test_a_headline_ending_on_a_colon_goes_on_after_the_fences_a_paste_put_inside_it():
+    bare = parse_text(
+        "```\nRuntimeError: one of the variables needed for gradient computation has been modified by an inplace"
+        " operation: \n```\n```\n[torch.FloatTensor [5, 6]], which is output 0 of TBackward, is at version 2;"
+        " expected version 1 instead.\n```\n")
+    assert bare.exception.message.splitlines()[1].startswith("[torch.FloatTensor [5, 6]]")
+    traced = parse_text(
+        'Traceback (most recent call last):\n  File "train.py", line 9, in <module>\n    loss.backward()\n'
+        "RuntimeError: something went wrong in this step:\n\n[details] the tensor was [3, 4]\n")
+    assert traced.exception.message == "something went wrong in this step:\n[details] the tensor was [3, 4]"
+
+
+def test_a_blank_line_still_ends_a_message_that_does_not_end_on_a_colon_or_is_followed_by_an_error():
+    plain = parse_text("RuntimeError: the step failed.\n\n[info] saving the checkpoint\n")
+    assert plain.exception.message == "the step failed."
+    then_error = parse_text("RuntimeError: the step failed here:\n\nValueError: another one\n")
+    assert then_error.exceptions[0].message == "the step failed here:"
+
+
+def test_a_forward_trace_just_before_an_error_line_without_its_traceback_belongs_to_it():
+    incident = parse_text(
+        "sys:1: RuntimeWarning: Traceback of forward call that caused the error:\n"
+        '  File "train.py", line 40, in <module>\n    loss = criterion(out)\n'
+        '  File "/home/me/proj/utils/dist.py", line 18, in pairwise\n    d = torch.sqrt(d2)\n'
+        "RuntimeError: Function 'SqrtBackward' returned nan values in its 0th output.\n")
+    assert incident.exception.side_label == "forward call"
+    assert incident.exception.side_user_frame().code == "d = torch.sqrt(d2)"
+    far = parse_text(
+        "sys:1: RuntimeWarning: Traceback of forward call that caused the error:\n"
+        '  File "train.py", line 40, in <module>\n    loss = criterion(out)\n'
+        + "epoch 1 step 5 loss 0.3\n" * 70
+        + "RuntimeError: Function 'SqrtBackward' returned nan values in its 0th output.\n")
+    assert far.exception.side_frames == []
+
+
+def test_a_paste_wrapped_at_80_columns_inside_a_path_before_its_extension_is_joined_again():
+    # an 80-column terminal cut `.../torch/serialization` / `.py", line 135, in save`
+    site = "/home/ec2-user/anaconda3/lib/python3.6/site-packages/torch/serialization"
+    whole = ["Traceback (most recent call last):",
+             '  File "train.py", line 169, in train', "    torch.save(model.state_dict(), checkpoint_path)",
+             f'  File "{site}.py", line 135, in save',
+             '    return _with_file_like(f, "wb", lambda f: _save(obj, f, pickle_module, pickle_protocol))',
+             f'  File "{site}.py", line 115, in _with_file_like', "    f = open(f, mode)",
+             "FileNotFoundError: [Errno 2] No such file or directory: 'log_st/model.pth'"]
+    wrapped = [part for line in whole for part in (line[:80], line[80:]) if part]
+    assert sum(len(line) == 80 for line in wrapped) == 3 and max(map(len, wrapped)) == 80
+    exc = parse_text("\n".join(wrapped) + "\n").exception
+    assert [f.function for f in exc.frames] == ["train", "save", "_with_file_like"]
+    assert exc.frames[-1].file == f"{site}.py" and exc.frames[0].user and not exc.frames[-1].user
+
+
+def test_frames_without_a_header_just_before_anomaly_mode_s_nan_error_are_its_forward_trace():
+    frames = '....\n  File "main.py", line 374, in compute_plane\n    x, _ = torch.linalg.solve(A, B)\n\n'
+    traceback = ('Traceback (most recent call last):\n  File "main.py", line 544, in train\n    loss.backward()\n'
+                 "RuntimeError: Function '{}' returned nan values in its 0th output.\n")
+    anomaly = parse_text(frames + traceback.format("LinalgSolveExBackward0"))
+    assert len(anomaly.exceptions) == 1 and anomaly.exception.side_label == "forward call"
+    assert anomaly.exception.side_user_frame().function == "compute_plane"
+    assert not any("cut off" in note for note in anomaly.notes)
+    other = parse_text(frames + 'Traceback (most recent call last):\n  File "main.py", line 544, in train\n'
+                       "    loss.backward()\nRuntimeError: element 0 of tensors does not require grad\n")
+    assert other.exception.side_frames == [] and len(other.exceptions) == 2
+
+
+def test_progress_indices_are_the_step_batch_and_iteration_numbers_not_an_epoch_or_a_setting():
+    from triage.logparse import progress_indices
+
+    lines = [" Epoch 0 batch 0's average loss: 8.7", "Speed 2178 samples/sec Loss nan Epoch: 3 Global Step: 20",
+             "E6 iter[ 14/ 15] | [Loss] nan | [step]    89", "Epoch [1][658/742] lr: 5e-05", "batch_size 32",
+             "steps_per_epoch 100", "Iteration 7: loss 0.1"]
+    assert progress_indices(lines) == [0, 20, 14, 89, 7]
+
+
+def test_a_metrics_table_with_nan_under_its_loss_column_is_a_nan_incident():
+    table = "epoch train loss valid loss accuracy_thresh f2_opt\n0 {} {} 0.997788 0.000000\n"
+    assert parse_text(table.format("nan", "nan")).kind == "nan"
+    assert parse_text(table.format("0.6931", "0.6812")).kind == "exception"

@@ -142,9 +142,10 @@ def _strip_line_gutter(raw_lines: list[str]) -> list[str]:
 
 
 _HTML_ENTITY = re.compile(r"&(?:lt|gt|quot|amp|apos|#39|#x27|#34);")
-# A terminal wrapped the paste at a fixed width: at least this many lines end exactly there. Narrower widths
-# are PyTorch's and loggers' own line breaks (a driver message broken at 65 columns), never rejoined.
-WRAP_MIN_WIDTH = 100
+# A terminal wrapped the paste at a fixed width: at least this many lines end exactly there (80 columns is a
+# classic terminal's). Narrower widths are PyTorch's and loggers' own line breaks (a driver message broken at 65
+# columns), never rejoined.
+WRAP_MIN_WIDTH = 80
 WRAP_MIN_LINES = 3
 WRAP_MIN_EVIDENCE = 2  # lines of that length cut inside a word
 
@@ -178,9 +179,11 @@ def _unwrap_hard_wrapped(raw_lines: list[str], first_number: int) -> list[tuple[
 
 
 def _cut_mid_word(line: str, following: str) -> bool:
-    # The rest of a cut word or path: lower case, a digit, `/` or `_` (a capital more likely starts a new line).
+    # The rest of a cut word or path: lower case, a digit, `/` or `_` (a capital more likely starts a new line), or
+    # a file's extension (`.../torch/serialization` / `.py", line 135`).
     return bool(line) and bool(following) and (line[-1].isalnum() or line[-1] in "/_") and (
-        following[0].islower() or following[0].isdigit() or following[0] in "/_")
+        following[0].islower() or following[0].isdigit() or following[0] in "/_"
+        or (following[0] == "." and following[1:3].isalpha()))
 
 
 def _glued_warning_start(line: str) -> int:

@@ -136,6 +136,8 @@ _NAN_LINE = re.compile(
     r"|\bnan\b[^\n]{0,30}\b(?:loss|detected|encountered)\b"
     r"|non-finite (?:loss|gradients|model output) at step \d+"  # the wrapper's own report lines
 )
+# A progress line's step counter: `batch 0`, `Step: 20`, `iter[ 14/ 15]`, `[step]    89` (not an epoch's number).
+_PROGRESS_INDEX = re.compile(r"(?i)(?<![\w.])(?:batch|step|iter|iteration)(?:\]|\b)[\s:=#\[]{0,8}(\d{1,9})\b")
 # The training-health checks' findings (triage/health.py): a run that ended without learning.
 _SILENT_LINE = re.compile(r"triage: silent: [a-z-]+: ")
 # Words that make a line worth keeping from anywhere in a log; plain substring tests on the
@@ -477,6 +479,11 @@ class _TracebackScanner:
         while i < len(lines) and len(message_lines) < MAX_MESSAGE_LINES and size < MAX_MESSAGE_CHARS:
             line = lines[i]
             text = line.text
+            if not text.strip() and len(message_lines) == 1:
+                # A headline that ends on a colon goes on after a fence or blank line the paste put inside it.
+                i = _message_resumes(lines, i, message_lines[0])
+                if i < len(lines) and lines[i].text.strip():
+                    continue
             if not text.strip() or (line.record_start and not every_line_stamped):
                 break
             if "Traceback" in text and not text.lstrip().startswith("Original") and _TRACEBACK_HEAD.match(text):
@@ -723,6 +730,8 @@ def _assemble(streams: list[_Stream]) -> Incident:
     # A traceback joined with its error line was not cut off after all.
     notes = [note for note in notes if not any(note == _cut_off_note(start) for start in whole)] + joined
     _adopt_orphan_forward_traces(exceptions, [side for s in streams for side in s.orphan_sides])
+    exceptions, headless = _adopt_headless_forward_traces(exceptions)
+    notes = [note for note in notes if not any(note == _cut_off_note(start) for start in headless)]
     candidates = [e for e in exceptions if not e.wrapper and e.short_type not in _WRAPPER_TYPES and e.type]
     if any(not _is_spawn_echo(e) for e in candidates):
         candidates = [e for e in candidates if not _is_spawn_echo(e)]
@@ -738,14 +747,16 @@ def _assemble(streams: list[_Stream]) -> Incident:
     _read_deaths(incident, context, exceptions)
     if root is None and incident.signal is None and any(_SILENT_LINE.search(line.text) for line in context):
         incident.kind = "silent"
-    elif root is None and incident.signal is None and any(_says_nan(line.text) for line in context):
+    elif root is None and incident.signal is None and (any(_says_nan(line.text) for line in context)
+                                                        or _table_says_nan([line.text for line in context])):
         incident.kind = "nan"
     return incident
 
 
 def _adopt_orphan_forward_traces(exceptions: list[ExceptionInfo], sides: list[_SideStack]) -> None:
     """An anomaly-mode forward trace printed just after an error line with no traceback (a notebook flushes
-    stderr out of order) belongs to that error."""
+    stderr out of order) belongs to that error; so does one printed just before an error line whose traceback
+    the paste left out (the order anomaly mode prints them in)."""
     for side in sides:
         start = side.lines[0].number if side.lines else 0
         owners = [e for e in exceptions if e.type and not e.side_frames and e.line_no is not None
@@ -753,6 +764,34 @@ def _adopt_orphan_forward_traces(exceptions: list[ExceptionInfo], sides: list[_S
         if owners:
             owner = max(owners, key=lambda e: e.line_no or 0)
             owner.side_frames, owner.side_label = side.frames, side.label
+            continue
+        end = side.lines[-1].number if side.lines else 0
+        followers = [e for e in exceptions if e.type and not e.frames and not e.side_frames and e.line_no is not None
+                     and 0 < e.line_no - end <= SIDE_GAP_LINES]
+        if followers and side.label == FORWARD_CALL:
+            owner = min(followers, key=lambda e: e.line_no or 0)
+            owner.side_frames, owner.side_label = side.frames, side.label
+
+
+# Anomaly mode's NaN check: the one error whose traceback it always precedes with the forward call's trace.
+_ANOMALY_NAN = re.compile(r"Function '\w+' returned nan values in its \d+")
+
+
+def _adopt_headless_forward_traces(exceptions: list[ExceptionInfo]) -> tuple[list[ExceptionInfo], list[int]]:
+    """Frames with no error line just before anomaly mode's NaN error are its forward trace, pasted without the
+    warning that heads it ("Error detected in ... Traceback of forward call"). Returns the exceptions left and the
+    lines where the adopted frames start."""
+    adopted: list[int] = []
+    for frames_only in [e for e in exceptions if not e.type and e.frames and e.line_no is not None]:
+        end = (frames_only.line_no or 0) + 2 * len(frames_only.frames)
+        after = [e for e in exceptions if e.type and not e.side_frames and e.line_no is not None
+                 and 0 < e.line_no - end <= SIDE_GAP_LINES and _ANOMALY_NAN.search(e.message)]
+        if after:
+            owner = min(after, key=lambda e: e.line_no or 0)
+            owner.side_frames, owner.side_label = frames_only.frames, FORWARD_CALL
+            exceptions = [e for e in exceptions if e is not frames_only]
+            adopted.append(frames_only.line_no or 0)
+    return exceptions, adopted
 
 
 # How far apart an error line and the frames it belongs to may be printed (a fence, a logger line, prose between).
@@ -785,8 +824,69 @@ def _join_split_errors(exceptions: list[ExceptionInfo]) -> tuple[list[ExceptionI
     return exceptions, notes, whole
 
 
+def _message_resumes(lines: list[LogLine], i: int, headline: str, max_blank: int = 2) -> int:
+    """Where an error headline cut by blank lines goes on: past the blanks when it ends on a colon and the next
+    line is neither a new record nor traceback text; else `i` itself (the blank line that ends the message)."""
+    if not headline.rstrip().endswith(":"):
+        return i
+    j = i
+    while j < len(lines) and j - i < max_blank and not lines[j].text.strip():
+        j += 1
+    if j >= len(lines) or not lines[j].text.strip() or lines[j].record_start:
+        return i
+    text = lines[j].text
+    if _TRACEBACK_HEAD.match(text) or _FRAME.match(text) or _EXCEPTION_LINE.match(text.lstrip()):
+        return i
+    return j
+
+
+def _bare_message_resumes(context: list[LogLine], index: int, headline: str, max_gap: int = 3) -> int | None:
+    """The index in `context` where a bare error's headline cut by blank lines goes on, or None (see _message_resumes)."""
+    if not headline.rstrip().endswith(":"):
+        return None
+    number = context[index].number
+    for j in range(index + 1, min(len(context), index + 1 + max_gap)):
+        follow = context[j]
+        if follow.number - number > max_gap:
+            return None
+        if not follow.text.strip():
+            continue
+        if follow.number == number + 1 or follow.record_start:
+            return None  # no break between them: the ordinary continuation reads it
+        text = follow.text
+        if _TRACEBACK_HEAD.match(text) or _FRAME.match(text) or _EXCEPTION_LINE.match(text.lstrip()):
+            return None
+        return j
+    return None
+
+
 def _cut_off_note(start: int) -> str:
     return f"a traceback at line {start} is cut off before its exception line"
+
+
+def progress_indices(lines: list[str]) -> list[int]:
+    """The step, batch or iteration numbers the log's progress lines show, in order (`Epoch 0 batch 0's loss` -> 0)."""
+    found: list[int] = []
+    for line in lines:
+        if "atch" in line or "tep" in line or "ter" in line or "ATCH" in line or "TEP" in line or "TER" in line:
+            found.extend(int(number) for number in _PROGRESS_INDEX.findall(line[:MAX_PROGRESS_LINE_CHARS]))
+    return found
+
+
+MAX_PROGRESS_LINE_CHARS = 2_000
+
+
+def _table_says_nan(lines: list[str]) -> bool:
+    """A metrics table (fastai's, a trainer's epoch summary) whose header names a loss column and whose row under
+    it holds NaN/Inf: `epoch train_loss valid_loss` / `0 nan nan 0.99`."""
+    for header, row in zip(lines, lines[1:]):
+        if "loss" in header.lower() and _TABLE_NAN_ROW.match(row) and not any(word.isdigit() for word in header.split()):
+            return True
+    return False
+
+
+# A table row: the epoch's number, then the first column's value non-finite.
+_TABLE_NAN_ROW = re.compile(r"(?i)\s*\d{1,6}\s+[-+]?(?:nan|inf)\b")
 
 
 def _says_nan(text: str) -> bool:
@@ -817,10 +917,16 @@ def _bare_errors(context: list[LogLine]) -> list[ExceptionInfo]:
                 continue
             match = _BARE_ERROR_LINE.match(_inside_quotes(text, inside.start()))  # prose or a quote around it
         message = [match.group("msg") or ""]
-        for follow in context[index + 1 : index + 40]:
-            if not follow.text.strip() or follow.record_start or follow.number != line.number + len(message):
+        last = line.number
+        resumed = _bare_message_resumes(context, index, message[0])
+        if resumed is not None:  # a headline ending on a colon, cut by a fence or blank line the paste put inside it
+            message.append(context[resumed].text)
+            last = context[resumed].number
+        for follow in context[(resumed if resumed is not None else index) + 1 : index + 40]:
+            if not follow.text.strip() or follow.record_start or follow.number != last + 1:
                 break
             message.append(follow.text)
+            last = follow.number
         prompt = _statement_before(context, index)
         found.append(ExceptionInfo(match.group("type"), "\n".join(message).strip(), [prompt] if prompt else [],
                                    rank=line.rank, line_no=line.number))

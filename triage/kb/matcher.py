@@ -7,6 +7,7 @@ from typing import Any
 
 from ..diagnosis import Diagnosis, Fix
 from ..incident import ExceptionInfo, Frame, Incident
+from ..logparse import progress_indices
 from . import templates
 from .loader import KnowledgeBase
 from .rule import Cause, Rule
@@ -18,6 +19,7 @@ WEIGHT_OTHER = 0.85
 WEIGHT_WRAPPER = 0.7
 MAX_EVIDENCE_CHARS = 400
 MAX_CONTEXT_FRAMES = 200  # the innermost frames `frames` keeps (a deep recursion prints thousands)
+MAX_CONTEXT_LOG_LINES = 200
 
 
 def diagnose(incident: Incident, kb: KnowledgeBase, warnings: list[str] | None = None) -> list[Diagnosis]:
@@ -298,9 +300,11 @@ def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame
         "exit_code": incident.exit_code,
         "facts": incident.facts,
         "log_match": values.get("log_match", ""),
-        # The log's lines outside the traceback (a command line, a "resuming from" line), for causes the error line
-        # alone cannot decide.
-        "log": "\n".join(incident.log_lines),
+        # The log's lines outside the tracebacks (progress lines, warnings, prose around a paste): a cause's `when`
+        # reads evidence there, e.g. a "Using DataParallel" line. The last ones only, to bound template work.
+        "log_lines": incident.log_lines[-MAX_CONTEXT_LOG_LINES:],
+        # The step/batch/iteration numbers those lines show, in order: all 0 means it failed in the first step.
+        "log_steps": progress_indices(incident.log_lines[-MAX_CONTEXT_LOG_LINES:]),
     }
     context.update(values)
     context["probe"] = {}  # the experiments' facts, once they have run (rechoose)
