@@ -620,3 +620,12 @@ def test_a_metrics_table_with_nan_under_its_loss_column_is_a_nan_incident():
     table = "epoch train loss valid loss accuracy_thresh f2_opt\n0 {} {} 0.997788 0.000000\n"
     assert parse_text(table.format("nan", "nan")).kind == "nan"
     assert parse_text(table.format("0.6931", "0.6812")).kind == "exception"
+
+
+def test_a_worker_killed_by_a_signal_is_not_the_main_process_dying_of_it():
+    from triage.logparse import parse_text
+
+    worker = parse_text("RuntimeError: DataLoader worker (pid 25902) is killed by signal: Segmentation fault\n")
+    assert worker.signal is None and worker.exit_code is None and worker.kind == "exception"
+    shell = parse_text("epoch 3\nSegmentation fault (core dumped)\n")
+    assert shell.signal == "SIGSEGV" and shell.exit_code == 139

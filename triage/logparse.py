@@ -1032,7 +1032,9 @@ def _read_deaths(incident: Incident, context: list[LogLine], exceptions: list[Ex
         exit_code = _TORCHRUN_EXIT.match(text)
         if exit_code and incident.exit_code is None:
             incident.exit_code = int(exit_code.group("code"))
-        if incident.signal is None:
+        # "DataLoader worker (pid 7) is killed by signal: Segmentation fault" is a worker's death, which the main
+        # process reported with an exception: it did not die of that signal itself.
+        if incident.signal is None and "killed by signal" not in text:
             death = _FATAL_PYTHON.search(text) or (_SHELL_DEATH.search(text) if len(text) < 300 else None)
             if death:
                 name, number = _SIGNALS[death.group("what")]
