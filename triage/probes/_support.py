@@ -357,3 +357,16 @@ def no_batch_hint() -> str:
     if tracking.capture_owner == "runner":
         return "no DataLoader yielded a batch in this run"
     return "use `triage.track(loader)` or run under `python -m triage`"
+
+
+def loader_from_traceback(exception: BaseException | None) -> Any:
+    """The live DataLoader iterator on the traceback (it knows the dataset, sampler and collate_fn): the innermost
+    one, when several loaders were being iterated."""
+    tb = exception.__traceback__ if exception is not None else None
+    found = None
+    while tb is not None:
+        candidate = tb.tb_frame.f_locals.get("self")
+        if type(candidate).__name__.endswith("DataLoaderIter") and hasattr(candidate, "_dataset"):
+            found = candidate
+        tb = tb.tb_next
+    return found

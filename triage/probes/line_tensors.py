@@ -87,23 +87,24 @@ def numpy_grad(ctx: ProbeContext) -> ProbeResult:
 # ---------------------------------------------------------------------------- in-place targets
 
 
-def _inplace_target(line: FailingLine) -> tuple[str, torch.Tensor] | None:
+def _inplace_target(ctx: ProbeContext, name: str) -> tuple[FailingLine, str, torch.Tensor] | ProbeResult:
+    """The failing line, the text and the value of the first tensor it changes in place; or why there is none."""
+    line = _line(ctx, name)
+    if isinstance(line, ProbeResult):
+        return line
     for node in line.inplace_targets():
         tensor = _tensor(line, node)
         if tensor is not None:
-            return line.text(node), tensor
-    return None
+            return line, line.text(node), tensor
+    return result(name, "skipped", f"no tensor changed in place at {line.where}")
 
 
 def inplace_leaf(ctx: ProbeContext) -> ProbeResult:
     name = "inplace_leaf"
-    line = _line(ctx, name)
-    if isinstance(line, ProbeResult):
-        return line
-    found = _inplace_target(line)
-    if found is None:
-        return result(name, "skipped", f"no tensor changed in place at {line.where}")
-    shown, tensor = found
+    found = _inplace_target(ctx, name)
+    if isinstance(found, ProbeResult):
+        return found
+    line, shown, tensor = found
     reads_grad = any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in ast.walk(line.statement))
     facts = {"target": shown, "is_leaf": tensor.is_leaf, "requires_grad": tensor.requires_grad,
              "grad_enabled": line.grad_enabled, "parameter": isinstance(tensor, nn.Parameter),
@@ -122,13 +123,10 @@ def inplace_leaf(ctx: ProbeContext) -> ProbeResult:
 
 def inplace_view(ctx: ProbeContext) -> ProbeResult:
     name = "inplace_view"
-    line = _line(ctx, name)
-    if isinstance(line, ProbeResult):
-        return line
-    found = _inplace_target(line)
-    if found is None:
-        return result(name, "skipped", f"no tensor changed in place at {line.where}")
-    shown, tensor = found
+    found = _inplace_target(ctx, name)
+    if isinstance(found, ProbeResult):
+        return found
+    line, shown, tensor = found
     what = f"`{shown}` ({describe(tensor)}) at {line.where}"
     base = tensor._base
     facts: dict[str, Any] = {"target": shown, "view": tensor._is_view(), "requires_grad": tensor.requires_grad,

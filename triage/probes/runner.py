@@ -22,6 +22,7 @@ from typing import Any, Callable
 from ..diagnosis import PROBE_STATUSES, Diagnosis, ProbeResult
 from ..incident import Incident
 from . import PROBES
+from ._support import loader_from_traceback
 from .context import ProbeContext
 
 # Probes that record something (an artifact) rather than test the hypothesis: they do not move ranks.
@@ -203,7 +204,8 @@ def context_from_failure(incident: Incident, exception: BaseException | None = N
     outer, inner = failing_calls(exception)
     ctx = ProbeContext(incident=incident, report_dir=Path(report_dir) if report_dir is not None else None,
                        exception=exception, batch=tracker.batch, batch_index=tracker.batch_index, step=tracker.steps,
-                       loader=tracker.loader or _loader_from_traceback(exception), optimizer=tracker.optimizer,
+                       loader=tracker.loader if tracker.loader is not None else loader_from_traceback(exception),
+                       optimizer=tracker.optimizer,
                        loss_fn=tracker.loss_fn, time_limit_s=time_limit_s, total_time_s=total_time_s,
                        script=script, script_args=list(script_args or []), frames=user_frames(exception))
     model = tracker.model
@@ -243,18 +245,6 @@ def context_from_failure(incident: Incident, exception: BaseException | None = N
             except Exception:
                 ctx.module_name = None
     return ctx
-
-
-def _loader_from_traceback(exception: BaseException | None) -> Any:
-    """The live DataLoader iterator on the traceback (it knows the dataset, sampler and collate_fn)."""
-    tb = exception.__traceback__ if exception is not None else None
-    found = None
-    while tb is not None:
-        candidate = tb.tb_frame.f_locals.get("self")
-        if type(candidate).__name__.endswith("DataLoaderIter") and hasattr(candidate, "_dataset"):
-            found = candidate
-        tb = tb.tb_next
-    return found
 
 
 def _model_from_optimizer(optimizer: Any) -> Any:

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import torch
 
 from ..diagnosis import ProbeResult
-from ._support import result
+from ._support import loader_from_traceback, result
 from .context import ProbeContext
 
 NAME = "worker_pickle"
@@ -31,7 +31,9 @@ _MAX_MEMBERS = 200
 
 
 def worker_pickle(ctx: ProbeContext) -> ProbeResult:
-    loader = _failing_loader(ctx)
+    # the DataLoader iterator that was starting its workers (on the traceback), else the loader the run used
+    loader = loader_from_traceback(ctx.exception)
+    loader = ctx.loader if loader is None else loader
     if loader is None:
         return result(NAME, "skipped", "no DataLoader on the traceback or recorded in this run")
     parts: dict[str, str] = {}
@@ -59,18 +61,6 @@ def worker_pickle(ctx: ProbeContext) -> ProbeResult:
     ok = f" ({', '.join(fine)} pickle{'s' if len(fine) == 1 else ''})" if fine else ""
     return result(NAME, "confirmed", f"the {part} ({_kind(value)}) cannot be pickled for a spawned worker{inside}: "
                   f"{error}{others}{ok}", **facts)
-
-
-def _failing_loader(ctx: ProbeContext) -> Any:
-    """The DataLoader iterator that was starting its workers (on the traceback), else the loader the run used."""
-    tb = ctx.exception.__traceback__ if ctx.exception is not None else None
-    found = None
-    while tb is not None:
-        candidate = tb.tb_frame.f_locals.get("self")
-        if type(candidate).__name__.endswith("DataLoaderIter") and hasattr(candidate, "_dataset"):
-            found = candidate
-        tb = tb.tb_next
-    return found if found is not None else ctx.loader
 
 
 def _start_method(ctx: ProbeContext, loader: Any) -> str | None:
