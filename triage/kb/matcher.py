@@ -281,6 +281,7 @@ def _render(diagnosis: Diagnosis, rule: Rule, incident: Incident | None, exc: Ex
 def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame | None, values: dict[str, Any]) -> dict[str, Any]:
     """What a rule's templates can see: its captured values and plain fields of the incident."""
     side = exc.side_user_frame() if exc else None
+    log_lines = incident.log_lines[-MAX_CONTEXT_LOG_LINES:]
     context: dict[str, Any] = {
         "exception": {"type": exc.type, "message": exc.message, "headline": exc.headline} if exc else None,
         "frame": _frame_values(frame) if frame else None,
@@ -302,9 +303,9 @@ def template_context(incident: Incident, exc: ExceptionInfo | None, frame: Frame
         "log_match": values.get("log_match", ""),
         # The log's lines outside the tracebacks (progress lines, warnings, prose around a paste): a cause's `when`
         # reads evidence there, e.g. a "Using DataParallel" line. The last ones only, to bound template work.
-        "log_lines": incident.log_lines[-MAX_CONTEXT_LOG_LINES:],
+        "log_lines": log_lines,
         # The step/batch/iteration numbers those lines show, in order: all 0 means it failed in the first step.
-        "log_steps": progress_indices(incident.log_lines[-MAX_CONTEXT_LOG_LINES:]),
+        "log_steps": progress_indices(log_lines),
     }
     context.update(values)
     context["probe"] = {}  # the experiments' facts, once they have run (rechoose)
