@@ -164,6 +164,66 @@ def test_a_c_plus_plus_abort_belongs_to_the_rank_that_died_of_sigabrt(kb):
     assert {r["rank"]: r["role"] for r in report["ranks"]} == {0: "root", 1: "secondary"}
 
 
+def test_a_rank_aborted_at_exit_without_destroying_its_process_group(kb):
+    # A real run (torch 2.13, gloo, 2 ranks) of a script that never calls destroy_process_group: both ranks printed
+    # their result, then one aborted as its interpreter exited (a race: 2 runs in 8 here)
+    log = textwrap.dedent("""\
+        sum [2.0, 2.0]
+        sum [2.0, 2.0]
+        terminate called without an active exception
+        W1126 01:49:05.269000 11989 site-packages/torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 12034 closing signal SIGTERM
+        E1126 01:49:05.285000 11989 site-packages/torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) local_rank: 1 (pid: 12035) of binary: /usr/bin/python3
+        Traceback (most recent call last):
+          File "/usr/bin/torchrun", line 8, in <module>
+            sys.exit(main())
+                     ^^^^^^
+          File "/usr/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 367, in wrapper
+            return f(*args, **kwargs)
+                   ^^^^^^^^^^^^^^^^^^
+          File "/usr/lib/python3.11/site-packages/torch/distributed/run.py", line 1028, in main
+            run(args)
+          File "/usr/lib/python3.11/site-packages/torch/distributed/run.py", line 1019, in run
+            elastic_launch(
+          File "/usr/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 194, in __call__
+            return launch_agent(
+                   ^^^^^^^^^^^^^
+          File "/usr/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+            raise ChildFailedError(
+        torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+        =======================================================
+        ok.py FAILED
+        -------------------------------------------------------
+        Failures:
+        [1]:
+          time      : 2026-11-26_01:49:05
+          host      : localhost
+          rank      : 0 (local_rank: 0)
+          exitcode  : -15 (pid: 12034)  (SIGTERM)
+          error_file: <N/A>
+          traceback : Signal 15 (SIGTERM) received by PID 12034
+        -------------------------------------------------------
+        Root Cause (first observed failure):
+        [0]:
+          time      : 2026-11-26_01:49:05
+          host      : localhost
+          rank      : 1 (local_rank: 1)
+          exitcode  : -6 (pid: 12035)  (SIGABRT)
+          error_file: <N/A>
+          traceback : Signal 6 (SIGABRT) received by PID 12035
+        =======================================================
+        """)
+    report = _explain(log, kb)
+    leading = report["diagnoses"][0]
+    assert leading["rule"] == "distributed.process-group-not-destroyed" and report["incident"]["rank"] == 1
+    assert "destroy_process_group()" in leading["fix"]
+    # an exception thrown in C++ on another rank still wins over this weaker evidence
+    thrown = log.replace("sum [2.0, 2.0]\n", "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+                         "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 8 vs 4.\n", 1)
+    other = _explain(thrown, kb)
+    assert other["incident"]["exception"]["type"] == "gloo::EnforceNotMet"
+    assert "distributed.process-group-not-destroyed" not in [d["rule"] for d in other["diagnoses"][:1]]
+
+
 def test_slurm_interleaved_rank_prefixes_without_a_torchrun_summary(kb):
     log = textwrap.dedent("""\
         1: Traceback (most recent call last):
@@ -321,12 +381,33 @@ def test_ranks_started_by_torchrun_with_dash_m_triage_write_one_job_report(tmp_p
 def test_live_job_that_succeeds_leaves_no_report_and_exits_zero(tmp_path):
     pytest.importorskip("torch")
     script = tmp_path / "ok.py"
-    # One write per rank: two ranks' print() calls interleave word by word on the shared pipe.
+    # One write per rank: two ranks' print() calls interleave word by word on the shared pipe. Without
+    # destroy_process_group() a rank can abort as it exits (distributed.process-group-not-destroyed), on some runs.
     script.write_text("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
-                      "x = torch.ones(2)\ndist.all_reduce(x)\nimport os\nos.write(1, f'sum {x.tolist()}\\n'.encode())\n")
+                      "x = torch.ones(2)\ndist.all_reduce(x)\nimport os\nos.write(1, f'sum {x.tolist()}\\n'.encode())\n"
+                      "dist.destroy_process_group()\n")
     command = [sys.executable, "-m", "triage", "torchrun", "--standalone", "--nproc_per_node=2", "ok.py"]
     done = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("sum [2.0, 2.0]") == 2
     assert not (tmp_path / "triage-reports").exists()
     assert "triage:" not in done.stderr
+
+
+def test_live_abort_at_exit_with_a_process_group_left_initialized(tmp_path):
+    # The race of a real job made deterministic: the script ends normally with its process group never destroyed,
+    # and the process is then aborted while it shuts down (as Gloo's threads do on some runs)
+    pytest.importorskip("torch")
+    script = tmp_path / "one_rank.py"
+    script.write_text(textwrap.dedent("""\
+        import atexit, os, torch.distributed as dist
+        dist.init_process_group('gloo', init_method='file://' + os.path.abspath('pg'), rank=0, world_size=1)
+        atexit.register(os.abort)
+        print('done')
+        """))
+    done = subprocess.run([sys.executable, "-m", "triage", "--json", "out.json", "one_rank.py"], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == -6 or done.returncode == 134, done.stderr[-2000:]
+    report = json.loads((tmp_path / "out.json").read_text())
+    assert report["diagnoses"][0]["rule"] == "distributed.process-group-not-destroyed", done.stderr[-2000:]
+    assert report["incident"]["facts"]["process_group_alive_at_exit"] is True

@@ -46,7 +46,8 @@ CONSEQUENCES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("launcher's failure summary", re.compile(r"ChildFailedError|elastic\.multiprocessing\.errors")),
 )  # fmt: skip
 # What a C++ abort prints before SIGABRT: the text belongs to the rank that died of SIGABRT.
-NATIVE_ABORT = re.compile(r"terminate called after throwing an instance of '(?P<what>[^']+)'")
+# (without an active exception: a C++ thread destroyed while still running, e.g. a process group's at exit)
+NATIVE_ABORT = re.compile(r"terminate called (?:after throwing an instance of '(?P<what>[^']+)'|without an active exception)")
 SIGNAL_NUMBERS = {"SIGHUP": 1, "SIGINT": 2, "SIGQUIT": 3, "SIGILL": 4, "SIGTRAP": 5, "SIGABRT": 6, "SIGBUS": 7,
                   "SIGFPE": 8, "SIGKILL": 9, "SIGUSR1": 10, "SIGSEGV": 11, "SIGUSR2": 12, "SIGPIPE": 13,
                   "SIGALRM": 14, "SIGTERM": 15}  # fmt: skip

@@ -185,24 +185,31 @@ def _agent_exits(lines: list[LogLine], outcome) -> None:
 
 
 def _attach_native_aborts(lines: list[LogLine], outcomes: dict[int, RankOutcome]) -> None:
-    """A C++ abort's text belongs to the rank that printed it, or to the one that died of SIGABRT with no traceback."""
-    for index, line in enumerate(lines):
-        found = NATIVE_ABORT.search(line.text)
-        if not found:
-            continue
-        text = line.text.strip()
-        if index + 1 < len(lines) and "what()" in lines[index + 1].text:
-            text += "\n" + lines[index + 1].text.strip()
-        if line.rank is not None and line.rank in outcomes:
-            target = outcomes[line.rank]
-        else:
-            aborted = [o for o in outcomes.values() if o.signal == "SIGABRT" and o.error is None and not o.native_abort]
-            target = aborted[0] if aborted else None
-        if target is not None and not target.native_abort:
+    """A C++ abort's text belongs to the rank that printed it, or to the one that died of SIGABRT with no traceback.
+
+    An exception thrown in C++ and never caught is that rank's error. "terminate called without an active exception"
+    (a C++ thread still running when torn down, as a process group's at exit) is weaker: it is placed after the thrown
+    ones, on a SIGABRT rank nothing else explains, as its text only (no error, no place in the order of failures)."""
+    matches = [(index, line, found) for index, line in enumerate(lines) if (found := NATIVE_ABORT.search(line.text))]
+    for thrown in (True, False):
+        for index, line, found in matches:
+            if bool(found.group("what")) != thrown:
+                continue
+            text = line.text.strip()
+            if index + 1 < len(lines) and "what()" in lines[index + 1].text:
+                text += "\n" + lines[index + 1].text.strip()
+            if line.rank is not None and line.rank in outcomes:
+                target = outcomes[line.rank]
+            else:
+                aborted = [o for o in outcomes.values() if o.signal == "SIGABRT" and o.error is None and not o.native_abort]
+                target = aborted[0] if aborted else None
+            if target is None or target.native_abort:
+                continue
             target.native_abort = text
-            target.order = target.order if target.order is not None else line.number
-            what = lines[index + 1].text.split("what():", 1)[-1].strip() if "\n" in text else ""
-            target.error = ExceptionInfo(found.group("what"), what, [], rank=target.rank, line_no=line.number)
+            if thrown:
+                target.order = target.order if target.order is not None else line.number
+                what = lines[index + 1].text.split("what():", 1)[-1].strip() if "\n" in text else ""
+                target.error = ExceptionInfo(found.group("what"), what, [], rank=target.rank, line_no=line.number)
 
 
 def _thread_errors(lines: list[LogLine], exceptions: list[ExceptionInfo], outcomes: dict[int, RankOutcome]) -> None:

@@ -49,6 +49,7 @@ class Session:
         self._files: list = []
         self.handled: str | None = None
         self.exit_code: int | None = None
+        self.process_group_alive = False  # at the script's normal end: a process abort during shutdown is read by it
 
     def start(self) -> None:
         tracking.capture_owner = "runner"  # install() and watch() leave uncaught exceptions to us
@@ -311,9 +312,23 @@ class Session:
     def write_status(self) -> None:
         try:
             reports = self._reporter.folders if self._reporter is not None else []
-            self.channel.write_json(STATUS, {"handled": self.handled, "reports": reports, "exit_code": self.exit_code})
+            self.channel.write_json(STATUS, {"handled": self.handled, "reports": reports, "exit_code": self.exit_code,
+                                             "process_group_alive": self.process_group_alive})
         except OSError:
             pass
+
+    def script_ended(self) -> None:
+        """The script ended without an error: note what its interpreter's shutdown will tear down (a process group
+        never destroyed can abort the process there), then enter the exiting phase."""
+        torch = sys.modules.get("torch")
+        dist = getattr(torch, "distributed", None)
+        try:
+            self.process_group_alive = bool(dist is not None and dist.is_available() and dist.is_initialized())
+        except Exception:  # a half-imported torch: nothing to note
+            self.process_group_alive = False
+        if self.process_group_alive:
+            self.write_status()
+        self.set_phase(PHASE_EXITING)
 
     def internal_error(self, exc: BaseException, doing: str) -> None:
         """Triage failed: one line (or, under TRIAGE_DEBUG, the whole traceback and exit status 70)."""
@@ -356,7 +371,9 @@ def run_child(target: str, module: bool, args: list[str], channel: Channel, conf
         if session is not None:
             if exit_.code in (None, 0):
                 session.report_health()
-            session.set_phase(PHASE_EXITING)
+                session.script_ended()
+            else:
+                session.set_phase(PHASE_EXITING)
         raise
     except KeyboardInterrupt as exc:
         _defer_python_signal_handlers()
@@ -370,7 +387,7 @@ def run_child(target: str, module: bool, args: list[str], channel: Channel, conf
         _exit_failed(exc, session)
     if session is not None:
         session.report_health()
-        session.set_phase(PHASE_EXITING)
+        session.script_ended()
     raise SystemExit(0)
 
 

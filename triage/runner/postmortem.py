@@ -22,7 +22,8 @@ from functools import lru_cache
 from ..capture.environment import launcher_rank, relevant_env_vars
 from ..capture.faultdump import Dump, format_stack, parse_dumps, without_hidden_frames
 from ..incident import ExceptionInfo, Frame, Incident
-from .channel import CRASH_DUMP, DUMP_SIGNAL, ENVIRONMENT, STACK_DUMP, WORKERS, Beat, Channel, dump_ready_marker
+from .channel import (CRASH_DUMP, DUMP_SIGNAL, ENVIRONMENT, PHASE_EXITING, STACK_DUMP, STATUS, WORKERS, Beat, Channel,
+                      dump_ready_marker)
 
 DUMP_WAIT_S = 2.0
 DUMP_QUIET_S = 0.1
@@ -331,6 +332,16 @@ def _py_spy(pid: int) -> str | None:
     return result.stdout if result.returncode == 0 and result.stdout.strip() else None
 
 
+def _note_death_at_exit(incident: Incident, name: str, status: dict) -> None:
+    """The script had ended without an error when the signal came: the interpreter was shutting down."""
+    incident.facts["died_at_exit"] = True
+    line = f"triage: the script had ended without an error when {name} came: the process died while its interpreter shut down"
+    if status.get("process_group_alive"):
+        incident.facts["process_group_alive_at_exit"] = True
+        line += ", with torch.distributed's process group still initialized (destroy_process_group() was never called)"
+    incident.log_lines.append(line)
+
+
 def crash_incident(channel: Channel, signum: int, oom_before: int | None, oom_after: int | None) -> tuple[Incident, dict[str, str]]:
     """A `hard-crash` Incident from the faulthandler dump (if the signal allowed one) and the last heartbeat."""
     name = signal.Signals(signum).name
@@ -354,6 +365,8 @@ def crash_incident(channel: Channel, signum: int, oom_before: int | None, oom_af
         texts["crash.txt"] = without_hidden_frames(raw)
     if SHELL_WORDS.get(name):
         incident.log_lines.append(SHELL_WORDS[name])
+    if beat.phase == PHASE_EXITING:
+        _note_death_at_exit(incident, name, channel.read_json(STATUS) or {})
     state = beat.last_state()
     incident.facts["last_state"] = state
     incident.notes.append(_last_words(name, state))
