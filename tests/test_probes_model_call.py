@@ -238,7 +238,8 @@ def test_a_guess_from_the_batch_is_said_to_be_one():
     x = torch.randn(2, 4)
     exc = failure(lambda: model(x).view(4, -1))
     outcome = isolated(shape_trace, live_context(exc, Tracker(model=model, batch=(x, torch.zeros(2)))))
-    assert outcome.status == "refuted" and outcome.facts["model_inputs"] == "batch"
+    # (the .view outside the model is not the replay's to decide: skipped, not refuted)
+    assert outcome.status == "skipped" and outcome.facts["model_inputs"] == "batch"
     assert outcome.detail.endswith("(no call of Sequential was recorded: its inputs were taken from the batch)")
 
 

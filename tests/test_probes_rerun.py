@@ -230,6 +230,24 @@ def test_shape_trace_refutes_when_the_shapes_flow():
     assert "output [2, 10]" in outcome.detail
 
 
+def test_shape_trace_skips_a_size_error_raised_outside_the_model_and_the_loss():
+    # A metric after the step (`pred.view(...)` of a transposed tensor): the model runs on the batch, which says nothing
+    # about the metric's line; refuting the shape diagnosis there was wrong
+    model = ConvNet()
+    images = torch.randn(2, 3, 8, 8)
+
+    def accuracy(logits):
+        return logits.t().view(-1)
+
+    exc = raised(lambda: accuracy(model(images)))
+    outcome = shape_trace(live_context(exc, model=model, batch=(images,)))
+    assert outcome.status == "skipped", outcome.detail
+    assert "outside every module call and the loss" in outcome.detail and "in accuracy" in outcome.detail
+    # a size error inside the model's own call is still the replay's to decide (here: reproduced, confirmed)
+    inside = raised(model, torch.randn(2, 3, 10, 10))
+    assert shape_trace(live_context(inside, model=model, batch=(images,))).status == "confirmed"
+
+
 @pytest.mark.parametrize("probe", [cpu_rerun, index_range, shape_trace])
 def test_probes_leave_dropout_rng_and_train_mode_alone(probe, tmp_path):
     torch.manual_seed(1)

@@ -258,10 +258,31 @@ def _clean(ctx: ProbeContext, step: Step, output, facts: dict) -> ProbeResult:
     shape = _fmt(list(main.shape)) if main is not None else "no tensor"
     what = "the model and the loss run" if step.loss_call is not None else "the model runs"
     detail = f"{what} on this input without a size error (output {shape})"
+    outside = _raised_outside_the_replay(ctx)
+    if outside is not None:
+        # (a metric or a reshape in the loop: the replay never reaches that line, so its passing decides nothing)
+        return result(NAME, "skipped", f"{detail}, but the failure was raised at {where(outside)}, outside every "
+                      f"module call and the loss: replaying them does not reach that line{_guessed(step)}", **facts)
     original = ctx.incident.exception
     if original is not None and step.model_call is None:
         detail = f"the failing layer runs on these inputs without a size error (output {shape})"
     return result(NAME, "refuted", detail + ": the sizes that failed are not in this step" + _guessed(step), **facts)
+
+
+def _raised_outside_the_replay(ctx: ProbeContext) -> traceback.FrameSummary | None:
+    """The user's line that raised, when neither a module's call, torch.nn.functional nor the run's own loss function
+    was running under it; None when one was (or there is no live failure)."""
+    if ctx.exception is None:
+        return None
+    stack = traceback.extract_tb(ctx.exception.__traceback__)
+    paths = [frame.filename.replace("\\", "/") for frame in stack]
+    if any(path.endswith(("/torch/nn/modules/module.py", "/torch/nn/functional.py")) for path in paths):
+        return None
+    loss_code = getattr(ctx.loss_fn, "__code__", None)  # a plain function given as the loss, which the replay runs
+    if loss_code is not None and any(frame.name == loss_code.co_name and frame.filename == loss_code.co_filename
+                                     for frame in stack):
+        return None
+    return innermost_user_frame(stack)
 
 
 def _write(ctx: ProbeContext, records: list[Record]) -> list[str]:
