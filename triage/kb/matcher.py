@@ -339,8 +339,10 @@ def _evidence(incident: Incident, exc: ExceptionInfo | None, frame: Frame | None
     if side is not None and exc is not None:
         code = f": {side.code}" if side.code else ""
         evidence.append(_clip(f"{exc.side_label or 'side stack'} at {side.where}{code}"))
-    if values.get("log_match"):
-        evidence.append(_clip(f"log: {values['log_match'].strip()}"))
+    log_match = values.get("log_match", "").strip()
+    if log_match and not (exc is not None and exc.type and log_match == exc.headline.strip()):
+        # (a log line that is the exception's own headline is already the first line of the evidence)
+        evidence.append(_clip(f"log: {log_match}"))
     worker = exc.worker if exc and exc.worker is not None else incident.worker
     rank = exc.rank if exc and exc.rank is not None else incident.rank
     if worker is not None:
