@@ -51,22 +51,33 @@ def _origin(tensor: torch.Tensor) -> str:
     return "a tensor outside the autograd graph"
 
 
-# ---------------------------------------------------------------------------- numpy_grad
-
-
-def numpy_grad(ctx: ProbeContext) -> ProbeResult:
-    name = "numpy_grad"
+def _method_receiver(ctx: ProbeContext, name: str, method: str,
+                     shown_call: str) -> tuple[FailingLine, ast.Call, str, torch.Tensor] | ProbeResult:
+    """The failing line, its first `.METHOD(...)` call, and that call's receiver as text and as the tensor it gives
+    when re-read; or why there is none."""
     line = _line(ctx, name)
     if isinstance(line, ProbeResult):
         return line
-    calls = [c for c in line.calls("numpy") if isinstance(c.func, ast.Attribute)]
+    calls = [c for c in line.calls(method) if isinstance(c.func, ast.Attribute)]
     if not calls:
-        return result(name, "skipped", f"no `.numpy()` call at {line.where}")
+        return result(name, "skipped", f"no {shown_call} call at {line.where}")
     receiver = calls[0].func.value  # type: ignore[attr-defined]
     tensor = _tensor(line, receiver)
     shown = line.text(receiver)
     if tensor is None:
         return result(name, "skipped", f"`{shown}` at {line.where} does not give a tensor when re-read")
+    return line, calls[0], shown, tensor
+
+
+# ---------------------------------------------------------------------------- numpy_grad
+
+
+def numpy_grad(ctx: ProbeContext) -> ProbeResult:
+    name = "numpy_grad"
+    found = _method_receiver(ctx, name, "numpy", "`.numpy()`")
+    if isinstance(found, ProbeResult):
+        return found
+    line, _, shown, tensor = found
     facts = {"tensor": shown, "requires_grad": tensor.requires_grad, "is_leaf": tensor.is_leaf,
              "grad_fn": type(tensor.grad_fn).__name__ if tensor.grad_fn is not None else None,
              "parameter": isinstance(tensor, nn.Parameter), "grad_enabled": line.grad_enabled}
@@ -150,18 +161,10 @@ def inplace_view(ctx: ProbeContext) -> ProbeResult:
 
 def view_contiguity(ctx: ProbeContext) -> ProbeResult:
     name = "view_contiguity"
-    line = _line(ctx, name)
-    if isinstance(line, ProbeResult):
-        return line
-    calls = [c for c in line.calls("view") if isinstance(c.func, ast.Attribute)]
-    if not calls:
-        return result(name, "skipped", f"no `.view(...)` call at {line.where}")
-    call = calls[0]
-    receiver = call.func.value  # type: ignore[attr-defined]
-    tensor = _tensor(line, receiver)
-    shown = line.text(receiver)
-    if tensor is None:
-        return result(name, "skipped", f"`{shown}` at {line.where} does not give a tensor when re-read")
+    found = _method_receiver(ctx, name, "view", "`.view(...)`")
+    if isinstance(found, ProbeResult):
+        return found
+    line, call, shown, tensor = found
     try:
         args = [line.value(a) for a in call.args]
     except Exception as exc:
