@@ -411,3 +411,12 @@ def test_live_abort_at_exit_with_a_process_group_left_initialized(tmp_path):
     report = json.loads((tmp_path / "out.json").read_text())
     assert report["diagnoses"][0]["rule"] == "distributed.process-group-not-destroyed", done.stderr[-2000:]
     assert report["incident"]["facts"]["process_group_alive_at_exit"] is True
+    # a script that exits with an error status has not ended cleanly: the abort is not read as its shutdown's
+    script.write_text(script.read_text().replace("print('done')", "raise SystemExit(3)"))
+    (tmp_path / "pg").unlink(missing_ok=True)
+    done = subprocess.run([sys.executable, "-m", "triage", "--json", "failed.json", "one_rank.py"], cwd=tmp_path,
+                          env=_env(), capture_output=True, text=True, timeout=180)
+    failed = json.loads((tmp_path / "failed.json").read_text())
+    assert "died_at_exit" not in failed["incident"]["facts"], done.stderr[-2000:]
+    assert "process_group_alive_at_exit" not in failed["incident"]["facts"]
+    assert "distributed.process-group-not-destroyed" not in [d["rule"] for d in failed["diagnoses"]]

@@ -49,7 +49,9 @@ class Session:
         self._files: list = []
         self.handled: str | None = None
         self.exit_code: int | None = None
-        self.process_group_alive = False  # at the script's normal end: a process abort during shutdown is read by it
+        # At the script's normal end (ended_cleanly): a signal during the interpreter's shutdown is read by them.
+        self.ended_cleanly = False
+        self.process_group_alive = False
 
     def start(self) -> None:
         tracking.capture_owner = "runner"  # install() and watch() leave uncaught exceptions to us
@@ -313,6 +315,7 @@ class Session:
         try:
             reports = self._reporter.folders if self._reporter is not None else []
             self.channel.write_json(STATUS, {"handled": self.handled, "reports": reports, "exit_code": self.exit_code,
+                                             "ended_cleanly": self.ended_cleanly,
                                              "process_group_alive": self.process_group_alive})
         except OSError:
             pass
@@ -326,8 +329,8 @@ class Session:
             self.process_group_alive = bool(dist is not None and dist.is_available() and dist.is_initialized())
         except Exception:  # a half-imported torch: nothing to note
             self.process_group_alive = False
-        if self.process_group_alive:
-            self.write_status()
+        self.ended_cleanly = True
+        self.write_status()
         self.set_phase(PHASE_EXITING)
 
     def internal_error(self, exc: BaseException, doing: str) -> None:

@@ -22,7 +22,7 @@ from functools import lru_cache
 from ..capture.environment import launcher_rank, relevant_env_vars
 from ..capture.faultdump import Dump, format_stack, parse_dumps, without_hidden_frames
 from ..incident import ExceptionInfo, Frame, Incident
-from .channel import (CRASH_DUMP, DUMP_SIGNAL, ENVIRONMENT, PHASE_EXITING, STACK_DUMP, STATUS, WORKERS, Beat, Channel,
+from .channel import (CRASH_DUMP, DUMP_SIGNAL, ENVIRONMENT, STACK_DUMP, STATUS, WORKERS, Beat, Channel,
                       dump_ready_marker)
 
 DUMP_WAIT_S = 2.0
@@ -365,8 +365,9 @@ def crash_incident(channel: Channel, signum: int, oom_before: int | None, oom_af
         texts["crash.txt"] = without_hidden_frames(raw)
     if SHELL_WORDS.get(name):
         incident.log_lines.append(SHELL_WORDS[name])
-    if beat.phase == PHASE_EXITING:
-        _note_death_at_exit(incident, name, channel.read_json(STATUS) or {})
+    status = channel.read_json(STATUS) or {}
+    if status.get("ended_cleanly"):  # (the exiting phase alone also follows sys.exit(1) and Ctrl-C)
+        _note_death_at_exit(incident, name, status)
     state = beat.last_state()
     incident.facts["last_state"] = state
     incident.notes.append(_last_words(name, state))
