@@ -483,10 +483,17 @@ RANKS_REPEAT_WHAT_THE_LOG_RULE_READ = "".join(
         # every rank prints the line the log rule read: no copy of it becomes an exception
         (RANKS_REPEAT_WHAT_THE_LOG_RULE_READ, "distributed.nccl-watchdog-timeout-in-log", False),
         # the untyped message is the very line the log rule read
+        ('"CUDA error: device-side assert triggered"\n', "cuda-assert.device-side-assert-in-log", False),
+        # the allocator's message pasted without its type: its wording's rule, no log rule reads a lone OOM line
         ('"CUDA out of memory. Tried to allocate 1.79 GiB (GPU 0; 12.00 GiB total capacity; 8.93 GiB already allocated; '
-         '0 bytes free; 11.21 GiB reserved in total by PyTorch)"\n', "oom.gpu-out-of-memory-in-log", False),
+         '0 bytes free; 11.21 GiB reserved in total by PyTorch)"\n', "oom.gpu-out-of-memory-legacy", True),
+        # a logger's OOM line, then a later error of another kind: the log rule explains the OOM beside it
+        ("ERROR [engine.py:160] CUDA out of memory. Tried to allocate 546.00 MiB. GPU 0 has a total capacity of 15.77 GiB "
+         "of which 514.19 MiB is free.\nRuntimeError: Engine core initialization failed. See root cause above.\n",
+         "oom.gpu-out-of-memory-in-log", True),
     ],
-    ids=["error-beside-warning", "ranks-repeat-the-read-line", "message-is-the-read-line"],
+    ids=["error-beside-warning", "ranks-repeat-the-read-line", "message-is-the-read-line", "oom-wording-without-type",
+         "oom-line-beside-a-later-error"],
 )  # fmt: skip
 def test_untyped_message_beside_a_log_line_rule(tmp_path, text, leading, typed):
     from triage.explain import explain_log
