@@ -137,6 +137,57 @@ def test_a_fallback_cause_is_chosen_when_no_other_holds(tmp_path):
     assert diagnosis.cause == "team.label-out-of-range/void-label"
 
 
+BASE_RATE = "      fix: Pass ignore_index=255 to the loss.\n      base_rate: {seen: 7, of: 12}\n"
+
+
+def test_with_no_deciding_evidence_the_commonest_cause_leads_and_says_so(tmp_path):
+    rule = RULE.replace("      fix: Pass ignore_index=255 to the loss.\n", BASE_RATE)
+    _, diagnosis = diagnosis_for(tmp_path, "IndexError: Target 10 is out of bounds.\n", rule)
+    assert diagnosis.cause == "team.label-out-of-range/void-label"
+    assert diagnosis.cause_basis == "base_rate"
+    assert diagnosis.hypothesis == ("Nothing in the log decides between this error's causes; the commonest in resolved "
+                                    "public reports of it (7 of 12) is this one. 255 is the void label of segmentation masks.")
+    # What would decide is still shown, and the cause's own confidence (meant for evidence) is not claimed.
+    assert diagnosis.decide == "Print target.min(), target.max() and logits.shape[1] before the loss."
+    assert diagnosis.confidence == pytest.approx(0.8)
+    assert diagnosis.to_dict()["cause_basis"] == "base_rate"
+
+
+def test_evidence_outranks_the_base_rate(tmp_path):
+    rule = RULE.replace("      fix: Pass ignore_index=255 to the loss.\n", BASE_RATE)
+    kb, diagnosis = diagnosis_for(tmp_path, "IndexError: Target 255 is out of bounds.\n", rule)
+    assert (diagnosis.cause_basis, diagnosis.decide) == ("evidence", "")
+    assert diagnosis.hypothesis == "255 is the void label of segmentation masks."
+    # The experiments' facts choose another cause: it replaces the base-rate pick.
+    _, undecided = diagnosis_for(tmp_path, "IndexError: Target 10 is out of bounds.\n", rule)
+    undecided.probes = [ProbeResult("index_range", "confirmed", "", facts={"target_min": 1, "target_max": 10, "classes": 10})]
+    rechoose(undecided, kb.rules[0], [])
+    assert (undecided.cause, undecided.cause_basis) == ("team.label-out-of-range/one-based-labels", "evidence")
+
+
+@pytest.mark.parametrize(
+    "second, problem",
+    [
+        (("          trial: resize-head\n", "          trial: resize-head\n      base_rate: {seen: 3, of: 12}\n"),
+         "causes void-label, one-based-labels each have a 'base_rate'"),
+        (("      when: probe.index_range.target_min == 1 and probe.index_range.target_max == probe.index_range.classes\n", ""),
+         "cause one-based-labels has no 'when' and cause void-label has a 'base_rate'"),
+    ],
+)
+def test_one_base_rate_per_rule_and_no_fallback_beside_it(tmp_path, second, problem):
+    rule = RULE.replace("      fix: Pass ignore_index=255 to the loss.\n", BASE_RATE).replace(*second)
+    kb = load_paths([write(tmp_path, rule)])
+    assert any(problem in p.message for p in kb.problems), [p.message for p in kb.problems]
+
+
+def test_templates_can_word_a_base_rate_pick_apart(tmp_path):
+    rule = RULE.replace("      fix: Pass ignore_index=255 to the loss.\n", BASE_RATE).replace(
+        "      hypothesis: 255 is the void label of segmentation masks.",
+        "      hypothesis: \"{{ 'Label 255 is' if cause_basis == 'evidence' else 'Most often it is' }} the void label.\"")
+    _, diagnosis = diagnosis_for(tmp_path, "IndexError: Target 10 is out of bounds.\n", rule)
+    assert diagnosis.hypothesis.endswith("(7 of 12) is this one. Most often it is the void label.")
+
+
 @pytest.mark.parametrize(
     "edit, problem",
     [
@@ -150,6 +201,11 @@ def test_a_fallback_cause_is_chosen_when_no_other_holds(tmp_path):
           "      fix: Pass ignore_index=255 to the loss.\n      fixes: [{id: a, text: b}]\n"), "'fix' or 'fixes', not both"),
         (("      when: probe.index_range.target_min == 1 and probe.index_range.target_max == probe.index_range.classes\n", ""),
          None),
+        (("      fix: Pass ignore_index=255 to the loss.\n", BASE_RATE.replace("of: 12", "of: 5")),
+         "'base_rate' must be {seen: N, of: M} with 0 < N <= M"),
+        (("      fix: Pass ignore_index=255 to the loss.\n", BASE_RATE.replace("{seen: 7, of: 12}", "0.58")),
+         "'base_rate' must be {seen: N, of: M}"),
+
     ],
 )
 def test_broken_causes_are_reported_with_their_place(tmp_path, edit, problem):

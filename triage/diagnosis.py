@@ -74,7 +74,10 @@ class Diagnosis:
     # The specific cause: "<rule id>/<cause>" when the evidence chose one of the rule's causes, else the rule id.
     cause: str = ""
     fixes: list[Fix] = field(default_factory=list)  # the chosen cause's candidate fixes, in order
-    decide: str = ""  # which fact would decide between the rule's causes, when none was chosen
+    decide: str = ""  # which fact would decide between the rule's causes, when the evidence chose none
+    # What chose the cause: "evidence" (a `when`, or the only fallback), "base_rate" (nothing decided; the commonest
+    # cause in public reports), "" (no cause chosen).
+    cause_basis: str = ""
     # What the matcher rendered from, kept to choose the cause again once the experiments have run.
     context: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     weight: float = field(default=1.0, repr=False, compare=False)
@@ -121,6 +124,7 @@ class Diagnosis:
             "fix_id": self.fix_id,
             "fixes": [f.to_dict() for f in self.fixes],
             "decide": self.decide or None,
+            "cause_basis": self.cause_basis or None,
         }
 
 

@@ -47,6 +47,7 @@ class CaseResult:
     expected_cause: str | None = None
     expected_fix: str | None = None
     cause: str | None = None
+    cause_basis: str = ""  # "evidence", or "base_rate" where nothing decided and the commonest cause was named
     fix_id: str | None = None
     verified_fixes: list[str] = field(default_factory=list)  # fix ids a trial verified on the leading diagnosis
     trial_applies: bool = False  # the leading diagnosis's cause has a fix a trial can test
@@ -216,6 +217,7 @@ def _fill(result: CaseResult, diagnoses: list[dict[str, Any]], expectation: dict
                          for p in lead.get("probes", [])]
         result.missing_facts = [str(fact) for fact in expectation.get("facts", []) if str(fact) not in text]
         result.cause = lead.get("cause") or lead["rule"]
+        result.cause_basis = lead.get("cause_basis") or ""
         result.fix_id = lead.get("fix_id") or lead["rule"]
         fixes = lead.get("fixes") or []
         result.verified_fixes = [f["id"] for f in fixes if f.get("verdict") == "verified"]
@@ -287,6 +289,10 @@ def format_table(results: list[CaseResult]) -> str:
         s = score(labelled)
         lines.append(f"cause named: {s.cause_cases and round(s.cause * s.cause_cases)} of {s.cause_cases} labelled; "
                      f"labelled fix leading or verified: {s.fix_cases and round(s.fix * s.fix_cases)} of {s.fix_cases}")
+        by_rate = [r for r in labelled if r.cause_ok is not None and r.cause_basis == "base_rate"]
+        if by_rate:
+            lines.append(f"causes the evidence left undecided, named by base rate: {len(by_rate)}, "
+                         f"{sum(bool(r.cause_ok) for r in by_rate)} of them the labelled one")
     total = score(results)
     lines.append(f"python negatives given a PyTorch diagnosis: {total.python_negatives_misread}")
     if any(r.kind == "script" for r in results):

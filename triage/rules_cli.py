@@ -133,7 +133,9 @@ def _show(args: argparse.Namespace) -> int:
     if rule.causes:
         print("\nCauses (the first whose `when` holds is chosen)")
         for cause in rule.causes:
-            print(f"  {rule.id}/{cause.id}  when: {cause.when or '(fallback: no other holds)'}")
+            when = cause.when or ("" if cause.base_rate else "(fallback: no other holds)")
+            rate = f"{cause.base_rate[0]} of {cause.base_rate[1]} public reports, chosen when nothing decides" if cause.base_rate else ""
+            print(f"  {rule.id}/{cause.id}  " + "; ".join(filter(None, [when and f"when: {when}", rate and f"base rate: {rate}"])))
             fixes = ", ".join(f"{f.id}" + (f" [trial {f.trial}]" if f.trial else "") for f in cause.fixes)
             if fixes:
                 print(f"    fixes: {fixes}")

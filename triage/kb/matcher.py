@@ -204,15 +204,20 @@ def _user_frame_later_in_chain(incident: Incident, exc: ExceptionInfo) -> Frame 
     return None
 
 
-def choose_cause(rule: Rule, context: dict[str, Any]) -> Cause | None:
-    """The first of the rule's causes whose `when` holds in `context`, else its fallback (the one without `when`)."""
-    fallback = None
+def choose_cause(rule: Rule, context: dict[str, Any]) -> tuple[Cause | None, str]:
+    """The first of the rule's causes whose `when` holds in `context`, else its fallback (the one without `when`),
+    else the cause with a base rate; and on what it was chosen: "evidence", "base_rate", or "" for none."""
+    fallback = by_base_rate = None
     for cause in rule.causes:
-        if not cause.when:
+        if cause.when and templates.condition(cause.when, context):
+            return cause, "evidence"
+        if cause.base_rate:
+            by_base_rate = cause
+        elif not cause.when:
             fallback = fallback or cause
-        elif templates.condition(cause.when, context):
-            return cause
-    return fallback
+    if fallback is not None:
+        return fallback, "evidence"
+    return by_base_rate, "base_rate" if by_base_rate else ""
 
 
 def rechoose(diagnosis: Diagnosis, rule: Rule, warnings: list[str]) -> None:
@@ -234,8 +239,8 @@ def rechoose(diagnosis: Diagnosis, rule: Rule, warnings: list[str]) -> None:
 def _render(diagnosis: Diagnosis, rule: Rule, incident: Incident | None, exc: ExceptionInfo | None,
             frame: Frame | None, warnings: list[str]) -> None:
     """Fill the diagnosis's texts, cause and fixes from the rule and the cause its context chooses."""
-    context = diagnosis.context
-    cause = choose_cause(rule, context)
+    cause, basis = choose_cause(rule, diagnosis.context)
+    context = diagnosis.context = {**diagnosis.context, "cause_basis": basis}
 
     def render(name: str, source: str, strict: bool = False) -> str:
         try:
@@ -262,12 +267,21 @@ def _render(diagnosis: Diagnosis, rule: Rule, incident: Incident | None, exc: Ex
             rendered.update(chosen)
         except templates.TemplateError:
             cause, fixes = None, [Fix(rule.id, rendered["fix"])]
+    basis = basis if cause is not None else ""
     diagnosis.cause = f"{rule.id}/{cause.id}" if cause is not None else rule.id
-    diagnosis.confidence = (cause.confidence if cause is not None and cause.confidence else rule.confidence) * diagnosis.weight
+    diagnosis.cause_basis = basis
+    # A cause picked for its base rate says nothing the evidence did not: the rule's own confidence stands.
+    own = cause.confidence if cause is not None and basis == "evidence" else None
+    diagnosis.confidence = (own or rule.confidence) * diagnosis.weight
     diagnosis.title = rendered["title"]
     diagnosis.hypothesis = rendered["hypothesis"]
+    if basis == "base_rate":
+        seen, of = cause.base_rate
+        where = "the log" if context.get("source") == "log" else "what was seen"
+        diagnosis.hypothesis = (f"Nothing in {where} decides between this error's causes; the commonest in resolved "
+                                f"public reports of it ({seen} of {of}) is this one. {diagnosis.hypothesis}")
     diagnosis.confirm = rendered.get("confirm", "")
-    diagnosis.decide = rendered.get("decide", "") if rule.causes and cause is None else ""
+    diagnosis.decide = rendered.get("decide", "") if rule.causes and basis != "evidence" else ""
     diagnosis.fixes = fixes
     diagnosis.fix = fixes[0].text
     if incident is not None:

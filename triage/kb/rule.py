@@ -48,6 +48,8 @@ CAUSE_KEYS = {
     "verify": "how to check the fix worked (a template; default: the rule's)",
     "fix": "what to change (a template); its fix id is the cause's slug",
     "fixes": "candidate fixes in order, each with id, text and an optional trial",
+    "base_rate": "{seen: N, of: M}: in N of M resolved public reports of this error the cause was this one; "
+                 "chosen when no cause's `when` holds (the sample: corpus/priors/<rule id>.yaml)",
 }
 FIX_KEYS = {"id": "a kebab-case slug", "text": "what to change (a template)", "trial": "a fix trial that applies it"}
 MATCH_KEYS = {
@@ -115,6 +117,8 @@ class Cause:
     confirm: str = ""
     verify: str = ""
     fixes: list[FixOption] = field(default_factory=list)
+    # (seen, of): the commonest cause in a sample of resolved public reports, the pick when no evidence decides.
+    base_rate: tuple[int, int] | None = None
 
 
 @dataclass
@@ -380,6 +384,8 @@ class _Builder:
                     self.problem(self.value_pos(item, "confidence"), "confidence must be a number in (0, 1]")
                 else:
                     cause.confidence = float(value)
+            if "base_rate" in item:
+                cause.base_rate = self.base_rate(item)
             if "fix" in item and "fixes" in item:
                 self.problem(self.key_pos(item, "fixes"), "a cause has 'fix' or 'fixes', not both")
             elif "fixes" in item:
@@ -387,10 +393,28 @@ class _Builder:
             elif "fix" in item:
                 cause.fixes = [FixOption(cause_id, self.text(item, "fix", required=True))]
             rule.causes.append(cause)
-        fallbacks = [cause.id for cause in rule.causes if not cause.when]
+        fallbacks = [cause.id for cause in rule.causes if not cause.when and not cause.base_rate]
         if len(fallbacks) > 1:
             self.problem(self.value_pos(self.data, "causes"), f"causes {', '.join(fallbacks)} have no 'when'",
                          "only one cause may be the fallback; give the others a condition")
+        rated = [cause.id for cause in rule.causes if cause.base_rate]
+        if len(rated) > 1:
+            self.problem(self.value_pos(self.data, "causes"), f"causes {', '.join(rated)} each have a 'base_rate'",
+                         "only the commonest cause of the sample is the pick when nothing decides")
+        elif rated and fallbacks:
+            self.problem(self.value_pos(self.data, "causes"),
+                         f"cause {fallbacks[0]} has no 'when' and cause {rated[0]} has a 'base_rate'",
+                         "a when-less fallback is always chosen, so the base rate would never be used")
+
+    def base_rate(self, cause: LocatedDict) -> tuple[int, int] | None:
+        value = cause.get("base_rate")
+        counts = (value.get("seen"), value.get("of")) if isinstance(value, dict) and set(value) == {"seen", "of"} else None
+        if (counts is None or not all(isinstance(n, int) and not isinstance(n, bool) for n in counts)
+                or not 0 < counts[0] <= counts[1]):
+            self.problem(self.value_pos(cause, "base_rate"), "'base_rate' must be {seen: N, of: M} with 0 < N <= M",
+                         "N of the M resolved public reports in corpus/priors/<rule id>.yaml had this cause")
+            return None
+        return counts
 
     def fix_options(self, cause: LocatedDict) -> list[FixOption]:
         items = cause.get("fixes")

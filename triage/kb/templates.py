@@ -37,7 +37,7 @@ from jinja2.visitor import NodeTransformer
 # Names every template may use besides the rule's own regex groups.
 CONTEXT_NAMES = frozenset(
     {"exception", "frame", "frames", "side_frame", "location", "rank", "worker", "kind", "signal", "exit_code", "facts",
-     "log_match", "log_lines", "log_steps", "probe", "source"}
+     "log_match", "log_lines", "log_steps", "probe", "source", "cause_basis"}
 )
 
 

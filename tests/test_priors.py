@@ -1,0 +1,95 @@
+"""Base rates: a cause's `base_rate` is recounted from its frozen sample of resolved public reports, and that
+sample shares no thread with the logs we score (a base rate tuned on the scored logs would grade itself)."""
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from triage.kb import load_paths
+
+ROOT = Path(__file__).resolve().parent.parent
+PRIORS = ROOT / "corpus" / "priors"
+KB = load_paths([ROOT / "knowledge_base"])
+RATED = {rule.id: cause for rule in KB.rules for cause in rule.causes if cause.base_rate}
+MIN_SAMPLE = 10
+MIN_SHARE = 0.4
+
+
+def scored_sources() -> set[str]:
+    sources = set()
+    for path in [*(ROOT / "corpus" / "logs").rglob("expected.yaml"), *(ROOT / "corpus" / "logs-fresh").rglob("expected.yaml")]:
+        for label in (yaml.safe_load(path.read_text()) or {}).values():
+            if isinstance(label, dict) and label.get("source"):
+                sources.add(normalise(label["source"]))
+    return sources
+
+
+def normalise(url: str) -> str:
+    return url.strip().split("#")[0].rstrip("/").lower()
+
+
+def sample_problems(rule_id: str, sample: dict, base_rate: tuple[int, int] | None, cause_id: str | None,
+                    scored: set[str]) -> list[str]:
+    """What is wrong with a rule's sample and the base rate it claims, in words."""
+    problems = []
+    if sample.get("rule") != rule_id:
+        problems.append(f"the sample is for {sample.get('rule')!r}")
+    threads = sample.get("threads") or []
+    sources = [normalise(t.get("source", "")) for t in threads]
+    if any(not s.startswith("https://") for s in sources):
+        problems.append("a thread without an https source")
+    if len(set(sources)) != len(sources):
+        problems.append("a thread counted twice")
+    if overlap := sorted(set(sources) & scored):
+        problems.append(f"threads also in the scored logs: {overlap}")
+    causes = Counter(t.get("cause_id") for t in threads)
+    if any(not str(c).startswith(rule_id + "/") for c in causes):
+        problems.append(f"a cause_id outside {rule_id}: {sorted(map(str, causes))}")
+    if any(not t.get("resolution") for t in threads):
+        problems.append("a thread without the resolution that names its cause")
+    if base_rate is not None:
+        top = causes.most_common(2)
+        seen = causes[cause_id]
+        if base_rate != (seen, len(threads)):
+            problems.append(f"base_rate says {base_rate[0]} of {base_rate[1]}, the sample has {seen} of {len(threads)}")
+        if len(threads) < MIN_SAMPLE:
+            problems.append(f"{len(threads)} threads: fewer than {MIN_SAMPLE}")
+        if top[0][0] != cause_id or (len(top) > 1 and top[1][1] == seen):
+            problems.append(f"{cause_id} is not the sample's strict plurality: {top}")
+        if seen / max(len(threads), 1) < MIN_SHARE:
+            problems.append(f"{cause_id} is {seen} of {len(threads)}, under {MIN_SHARE:.0%}")
+    return problems
+
+
+@pytest.mark.parametrize("rule_id", sorted(RATED) or ["(none)"])
+def test_each_base_rate_is_the_plurality_of_an_independent_sample(rule_id):
+    if rule_id == "(none)":
+        pytest.skip("no rule has a base rate yet")
+    cause = RATED[rule_id]
+    path = PRIORS / f"{rule_id}.yaml"
+    assert path.is_file(), f"{rule_id}/{cause.id} has a base_rate but no sample at {path}"
+    sample = yaml.safe_load(path.read_text())
+    assert sample_problems(rule_id, sample, cause.base_rate, f"{rule_id}/{cause.id}", scored_sources()) == []
+
+
+@pytest.mark.parametrize("path", sorted(PRIORS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_sample_is_well_formed_even_without_a_base_rate(path):
+    rule_ids = {rule.id for rule in KB.rules}
+    assert path.stem in rule_ids, f"{path.name}: no rule {path.stem}"
+    sample = yaml.safe_load(path.read_text())
+    assert sample.get("message") and sample.get("gathered"), "say which wording was sampled, and how"
+    assert sample_problems(path.stem, sample, None, None, scored_sources()) == []
+
+
+def test_the_check_catches_a_miscount_a_shared_thread_and_a_minority_pick():
+    rule = "index.embedding-out-of-range"
+    threads = [{"source": f"https://github.com/o/r/issues/{n}", "cause_id": f"{rule}/{'a' if n < 5 else 'b'}",
+                "resolution": "x"} for n in range(11)]
+    sample = {"rule": rule, "threads": threads}
+    assert sample_problems(rule, sample, (6, 11), f"{rule}/b", set()) == []
+    assert any("the sample has 6 of 11" in p for p in sample_problems(rule, sample, (7, 11), f"{rule}/b", set()))
+    assert any("not the sample's strict plurality" in p for p in sample_problems(rule, sample, (5, 11), f"{rule}/a", set()))
+    assert any("also in the scored logs" in p
+               for p in sample_problems(rule, sample, (6, 11), f"{rule}/b", {"https://github.com/o/r/issues/3"}))
