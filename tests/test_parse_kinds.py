@@ -142,6 +142,18 @@ def test_a_known_pytorch_message_on_any_line_gets_a_pytorch_diagnosis(name, rule
     assert any("known message" in note for note in report.incident.notes)
 
 
+def test_a_known_message_ends_where_the_reporter_s_own_words_start(tmp_path, kb):
+    # a bare message, then the reporter's prose in Chinese on the next line (FreedomIntelligence/HuatuoGPT-II style)
+    log = tmp_path / "issue.log"
+    log.write_text("fire.Fire(main)这一步报错\n\"addmm_impl_cpu_\" not implemented for 'Half'\n我尝试debug了一下没找到问题\n")
+    report = explain_log(str(log), kb)
+    assert report.incident.exception.message == "\"addmm_impl_cpu_\" not implemented for 'Half'"
+    assert report.diagnoses[0].rule == "dtype.half-on-cpu"
+    # a message that runs on over several ASCII lines (a state_dict key list) is still read whole
+    log.write_text("Error(s) in loading state_dict for Net:\n\tMissing key(s) in state_dict: \"fc.weight\".\n")
+    assert "fc.weight" in explain_log(str(log), kb).incident.exception.message
+
+
 def test_the_known_message_fallback_never_reads_ordinary_lines_as_an_error(tmp_path, kb):
     log = tmp_path / "train.log"
     log.write_text("epoch 1 step 100 loss 0.73\nepoch 1 step 200 loss 0.61\nsaving checkpoint to runs/ckpt.pt\n")

@@ -625,8 +625,8 @@ def adopt_known_message(
     first = text.count("\n", 0, start)
     block = []
     for line in lines[first : first + MAX_MESSAGE_LINES]:
-        if not line.strip():
-            break
+        if not line.strip() or (block and _mostly_non_ascii(line)):
+            break  # a blank line, or the reporter's own words after the message (PyTorch's messages are ASCII)
         block.append(line)
     message = "\n".join(block)
     cut = start - (text.rfind("\n", 0, start) + 1)  # what came before the message on its line: a prompt, prose
@@ -645,6 +645,13 @@ def adopt_known_message(
         incident.notes.append(f"no exception line; read the known message {message[cut:][:60]!r}"
                               f" as a {exc.type or 'error'}")
     return True
+
+
+def _mostly_non_ascii(line: str) -> bool:
+    """A line whose letters are mostly not ASCII: prose in the reporter's language (Chinese, Russian...), not a
+    continuation of a PyTorch message (paths may hold such names, so one word does not count)."""
+    letters = [c for c in line if c.isalpha()]
+    return len(letters) >= 4 and sum(not c.isascii() for c in letters) > len(letters) / 2
 
 
 def _rich_header(lines: list[LogLine], i: int) -> re.Match[str] | None:
