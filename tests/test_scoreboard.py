@@ -20,6 +20,17 @@ def test_log_accuracy_holds_the_committed_line():
     assert figures.python_negatives_misread <= floor["python_negatives_misread"], table
 
 
+def test_fresh_log_accuracy_holds_the_committed_line():
+    floor = yaml.safe_load((ROOT / "corpus" / "scoreboard.yaml").read_text())["fresh"]
+    results = evaluate_logs(ROOT / "corpus" / "logs-fresh", load_knowledge_base(env={}, cwd=ROOT))
+    figures = score(results)
+    table = format_table(results)
+    assert figures.cases >= floor["min_cases"], table
+    for name in ("top1", "rule_top1", "facts", "cause", "fix"):
+        assert getattr(figures, name) >= floor[name] - 1e-9, f"{name}: {getattr(figures, name):.4f} < {floor[name]}\n{table}"
+    assert figures.python_negatives_misread <= floor["python_negatives_misread"], table
+
+
 def test_the_table_counts_the_experiments_that_confirmed_and_times_each_probe():
     results = [
         CaseResult("a.py", "script", "nan", "nan.x", probes=[("anomaly_rerun", "confirmed", "d", 0.5),
