@@ -378,6 +378,24 @@ def test_ranks_started_by_torchrun_with_dash_m_triage_write_one_job_report(tmp_p
     assert not list(tmp_path.glob("triage-job-*")), "the job folder was not cleaned up"
 
 
+def test_a_late_write_after_the_node_s_last_rank_cleaned_up_does_not_recreate_the_job_folder(tmp_path):
+    # The race behind a job folder left in TMPDIR: a rank stopped by the agent writes its exit status, the node's
+    # last rank then writes the report and removes the folder, and only then the first rank adds its stacks.
+    import shutil
+
+    from triage.runner import jobdir
+
+    folder = tmp_path / "triage-job-none-1"
+    jobdir.update_record(folder, 0, exit_code=-15, exited_at=1.0)
+    assert jobdir.read_records(folder)[0]["exit_code"] == -15
+    shutil.rmtree(folder)
+    jobdir.update_record(folder, 0, create=False, stacks=[{"file": "train.py", "line": 3}])
+    assert not folder.exists()
+    # An exit status is written with create=True (the default): the cleanup cannot have happened before it.
+    jobdir.update_record(folder, 1, exit_code=1)
+    assert [r["rank"] for r in jobdir.read_records(folder)] == [1]
+
+
 def test_live_job_that_succeeds_leaves_no_report_and_exits_zero(tmp_path):
     pytest.importorskip("torch")
     script = tmp_path / "ok.py"

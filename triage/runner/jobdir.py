@@ -44,9 +44,13 @@ def record_path(folder: Path, rank: int) -> Path:
     return folder / f"rank{rank}.json"
 
 
-def update_record(folder: Path, rank: int, **fields: Any) -> None:
-    """Merge `fields` into this rank's record, atomically (a reader never sees half a file)."""
-    folder.mkdir(parents=True, exist_ok=True)
+def update_record(folder: Path, rank: int, create: bool = True, **fields: Any) -> None:
+    """Merge `fields` into this rank's record, atomically (a reader never sees half a file). Without `create`, a
+    folder already removed (the job's report written, the records in it) stays removed and the fields are dropped."""
+    if create:
+        folder.mkdir(parents=True, exist_ok=True)
+    elif not folder.is_dir():
+        return
     path = record_path(folder, rank)
     record = read_record(path) or {"rank": rank, "pid": os.getpid()}
     incidents = record.get("incidents", [])
@@ -55,8 +59,12 @@ def update_record(folder: Path, rank: int, **fields: Any) -> None:
     record.update(fields)
     record["incidents"] = incidents
     temporary = path.with_suffix(f".tmp{os.getpid()}")
-    temporary.write_text(json.dumps(record, default=str), encoding="utf-8")
-    os.replace(temporary, path)
+    try:
+        temporary.write_text(json.dumps(record, default=str), encoding="utf-8")
+        os.replace(temporary, path)
+    except FileNotFoundError:
+        if create:
+            raise  # removed while this rank wrote: only a late write (create=False) may lose its fields
 
 
 def record_incident(folder: Path, rank: int, incident_dict: dict[str, Any]) -> None:

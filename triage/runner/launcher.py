@@ -375,11 +375,19 @@ def on_rank_exit(config: dict[str, Any], code: int, channel) -> None:
     if code == -signal.SIGTERM:  # after the exit status, which must be there whatever the dump holds
         frames, text = stacks_at_sigterm(channel)
         if frames:
-            jobdir.update_record(folder, rank, stacks=frames, stack_text=text, stopped_at=time.time())
+            # Once every rank of the node has its exit status in, the last one removes the folder: this late write
+            # must not create it again (left behind, with a report of this rank alone).
+            jobdir.update_record(folder, rank, create=False, stacks=frames, stack_text=text, stopped_at=time.time())
     if os.environ.get(jobdir.JOB_PARENT_ENV):
         return
-    with open(folder / ".lock", "a+") as lock:
+    try:
+        lock = open(folder / ".lock", "a+")
+    except FileNotFoundError:
+        return  # the node's last rank has written the job's report, this rank's record in it, and cleaned up
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if not folder.is_dir():
+            return  # removed while this rank waited for the lock: the report is written
         job = folder / "job.json"
         shared = jobdir.read_record(job)
         if shared is None:
