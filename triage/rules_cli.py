@@ -133,9 +133,10 @@ def _show(args: argparse.Namespace) -> int:
     if rule.causes:
         print("\nCauses (the first whose `when` holds is chosen)")
         for cause in rule.causes:
-            when = cause.when or ("" if cause.base_rate else "(fallback: no other holds)")
-            rate = f"{cause.base_rate[0]} of {cause.base_rate[1]} public reports, chosen when nothing decides" if cause.base_rate else ""
-            print(f"  {rule.id}/{cause.id}  " + "; ".join(filter(None, [when and f"when: {when}", rate and f"base rate: {rate}"])))
+            chosen = [f"when: {cause.when}"] if cause.when else [] if cause.base_rate else ["when: (fallback: no other holds)"]
+            if cause.base_rate:
+                chosen.append(f"base rate: {cause.base_rate[0]} of {cause.base_rate[1]} public reports, chosen when nothing decides")
+            print(f"  {rule.id}/{cause.id}  " + "; ".join(chosen))
             fixes = ", ".join(f"{f.id}" + (f" [trial {f.trial}]" if f.trial else "") for f in cause.fixes)
             if fixes:
                 print(f"    fixes: {fixes}")

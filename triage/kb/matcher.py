@@ -277,7 +277,7 @@ def _render(diagnosis: Diagnosis, rule: Rule, incident: Incident | None, exc: Ex
     diagnosis.hypothesis = rendered["hypothesis"]
     if basis == "base_rate":
         seen, of = cause.base_rate
-        where = "the log" if context.get("source") == "log" else "what was seen"
+        where = "the log" if context.get("source") == "log" else "the run's traceback or experiments"
         diagnosis.hypothesis = (f"Nothing in {where} decides between this error's causes; the commonest in resolved "
                                 f"public reports of it ({seen} of {of}) is this one. {diagnosis.hypothesis}")
     diagnosis.confirm = rendered.get("confirm", "")
