@@ -63,3 +63,39 @@ def test_backend_census_refutes_when_the_backend_is_there(monkeypatch):
     outcome = backend_census(_context(exc))
     assert outcome.status == "refuted"
     assert "is built with CUDA and cuda is available here" in outcome.detail
+
+
+def test_the_machine_s_nvidia_gpus_are_counted_from_device_nodes_whatever_the_build(tmp_path, monkeypatch):
+    from triage.probes import backend_census as census
+
+    monkeypatch.setattr(census.sys, "platform", "linux")
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-modeset"):
+        (tmp_path / name).touch()
+    assert census.nvidia_devices(str(tmp_path)) == 2  # the control and UVM nodes are not GPUs
+    (tmp_path / "dxg").touch()
+    assert census.nvidia_devices(str(tmp_path)) is None  # WSL2: GPUs behind /dev/dxg, no count from nodes
+    monkeypatch.setattr(census.sys, "platform", "darwin")
+    assert census.nvidia_devices(str(tmp_path)) == 0
+
+
+@pytest.mark.parametrize(("built", "gpus", "available", "cause"), [
+    (False, 0, False, "cuda-checkpoint-on-cpu-machine"),  # no GPU here: load with map_location
+    (False, 2, False, "cpu-only-torch-build"),  # a GPU, but a build without CUDA
+    (True, 1, False, "cuda-unavailable-in-process"),  # a CUDA build and a GPU, hidden from this process
+])  # fmt: skip
+def test_a_live_run_s_census_decides_why_a_cuda_checkpoint_cannot_load(built, gpus, available, cause):
+    from triage.diagnosis import ProbeResult
+    from triage.kb import load_knowledge_base
+    from triage.kb.matcher import diagnose, rechoose
+    from triage.logparse import parse_text
+
+    kb = load_knowledge_base(env={})
+    incident = parse_text("RuntimeError: Attempting to deserialize object on a CUDA device but torch.cuda.is_available() "
+                          "is False. If you are running on a CPU-only machine, please use torch.load with "
+                          "map_location=torch.device('cpu') to map your storages to the CPU.\n")
+    [lead, *_] = diagnose(incident, kb)
+    assert (lead.rule, lead.cause_basis) == ("device.cuda-checkpoint-on-cpu", "base_rate")  # the log alone decides nothing
+    lead.probes = [ProbeResult("backend_census", "confirmed", "", facts={
+        "built": built, "available": available, "gpu_devices": gpus, "torch_version": "2.13.0", "cuda_version": None})]
+    rechoose(lead, next(r for r in kb.rules if r.id == lead.rule), [])
+    assert (lead.cause, lead.cause_basis) == (f"device.cuda-checkpoint-on-cpu/{cause}", "evidence")

@@ -3,14 +3,19 @@
 "Torch not compiled with CUDA enabled" and its kin (MPS on Linux, XPU) say the build lacks a backend. The census
 measures it in the failing process: whether the backend is compiled in and usable, the build's version, and the
 user's line, innermost first, that names the backend (`.cuda()`, `device="cuda"`, `torch.cuda.set_device`,
-`"mps"`), with whether it runs inside a module's own code. It confirms when the backend is missing from this
-build (or unusable here) and refutes when it is there: then the build is not the cause. It reads build flags and
-source lines only, so it runs in the user's process.
+`"mps"`), with whether it runs inside a module's own code, and, for CUDA, how many NVIDIA GPUs the machine itself
+shows, whatever torch was built with (a CPU-only build on a GPU machine and a machine with no GPU need different
+fixes). It confirms when the backend is missing from this build (or unusable here) and refutes when it is there:
+then the build is not the cause. It reads build flags, device nodes and source lines only, so it runs in the
+user's process.
 """
 
 from __future__ import annotations
 
+import glob
+import os
 import re
+import sys
 from typing import Any
 
 import torch
@@ -35,6 +40,8 @@ def backend_census(ctx: ProbeContext) -> ProbeResult:
     built, available = _state(backend)
     facts: dict[str, Any] = {"backend": backend, "built": built, "available": available,
                              "torch_version": torch.__version__, "cuda_version": torch.version.cuda}
+    if backend == "cuda":
+        facts["gpu_devices"] = nvidia_devices()
     request = _request(ctx, backend)
     if request is not None:
         facts.update(request)
@@ -45,6 +52,10 @@ def backend_census(ctx: ProbeContext) -> ProbeResult:
     state = f"{build}; torch.{_module(backend)}.is_available() is {available}"
     if backend == "cuda":
         state += f", torch.version.cuda is {torch.version.cuda}"
+        gpus = facts["gpu_devices"]
+        if gpus is not None:
+            state += f"; the machine shows {gpus} NVIDIA GPU{'' if gpus == 1 else 's'}" + (
+                " (/dev/nvidia*)" if sys.platform.startswith("linux") else " (macOS has no CUDA)")
     if request is None:
         return result(NAME, "confirmed", f"{state}; no line of your code on the traceback names {backend}: a library "
                       f"asked for it", **facts)
@@ -67,6 +78,16 @@ def _backend(ctx: ProbeContext) -> str:
 
 def _module(backend: str) -> str:
     return "backends.mps" if backend == "mps" else backend
+
+
+def nvidia_devices(dev: str = "/dev") -> int | None:
+    """NVIDIA GPUs this machine shows whatever torch was built with: the driver's device nodes on Linux (a container
+    sees those it was given), none on macOS (no CUDA there), None where it cannot be told (WSL2, Windows)."""
+    if sys.platform == "darwin":
+        return 0
+    if not sys.platform.startswith("linux") or os.path.exists(os.path.join(dev, "dxg")):
+        return None  # WSL2 reaches the GPU through /dev/dxg, with no /dev/nvidia* nodes
+    return sum(bool(re.fullmatch(r"nvidia\d+", os.path.basename(path))) for path in glob.glob(os.path.join(dev, "nvidia*")))
 
 
 def _state(backend: str) -> tuple[bool, bool]:
