@@ -23,7 +23,7 @@ def to_numpy_of_long(ids: torch.Tensor):
 def test_numpy_grad_confirms_a_model_output_that_requires_grad():
     exc = raised(score, nn.Linear(3, 1), torch.randn(4, 3))
     outcome = isolated(numpy_grad, live_context(exc))
-    assert outcome.status == "confirmed"
+    assert outcome.status == "confirmed", outcome.detail
     assert (outcome.facts["tensor"], outcome.facts["grad_fn"], outcome.facts["detached_reads"]) == \
         ("preds", "AddmmBackward0", True)
     assert "requires grad: it is the output of AddmmBackward0, still tied to the autograd graph" in outcome.detail
@@ -47,7 +47,7 @@ def sgd_step_no_grad(w: torch.Tensor, lr: float = 0.1) -> None:
 def test_inplace_leaf_confirms_a_manual_update_with_grad_mode_on():
     exc = raised(sgd_step, torch.ones(2, requires_grad=True))
     outcome = isolated(inplace_leaf, live_context(exc))
-    assert outcome.status == "confirmed"
+    assert outcome.status == "confirmed", outcome.detail
     assert outcome.facts == {"target": "w", "is_leaf": True, "requires_grad": True, "grad_enabled": True,
                              "parameter": False, "reads_grad": True}
 
@@ -75,7 +75,7 @@ def scale_copy(qkv: torch.Tensor, scale: float = 0.5) -> torch.Tensor:
 def test_inplace_view_confirms_an_unbind_output_changed_in_place():
     qkv = (torch.randn(2, 3, 3, requires_grad=True) * 1).contiguous()
     outcome = isolated(inplace_view, live_context(raised(scale_query, qkv)))
-    assert outcome.status == "confirmed"
+    assert outcome.status == "confirmed", outcome.detail
     assert (outcome.facts["grad_fn"], outcome.facts["multi_output"], outcome.facts["base_requires_grad"]) == \
         ("UnbindBackward0", True, True)
 
@@ -98,7 +98,7 @@ def flat_wrong_size(scores: torch.Tensor) -> torch.Tensor:
 
 def test_view_contiguity_confirms_a_transposed_slice():
     outcome = isolated(view_contiguity, live_context(raised(flat_topk, torch.randn(4, 5))))
-    assert outcome.status == "confirmed"
+    assert outcome.status == "confirmed", outcome.detail
     assert (outcome.facts["tensor"], outcome.facts["contiguous"], outcome.facts["contiguous_view"]) == \
         ("correct[:k]", False, [8])
 
@@ -119,7 +119,7 @@ def q_values_then_fail(q: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
 def test_index_bounds_confirms_an_action_outside_the_head():
     actions = torch.tensor([0, 3, 4, 1])
     outcome = isolated(index_bounds, live_context(raised(q_values, torch.randn(4, 4), actions)))
-    assert outcome.status == "confirmed"
+    assert outcome.status == "confirmed", outcome.detail
     assert (outcome.facts["dim"], outcome.facts["size"], outcome.facts["index_min"], outcome.facts["index_max"]) == \
         (1, 4, 0, 4)
     assert "`actions.unsqueeze(1)` (values 0..4) indexes dim 1 of `q` (4x4, size 4)" in outcome.detail
