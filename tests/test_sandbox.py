@@ -331,3 +331,35 @@ def test_relative_paths_in_the_child_read_the_runs_files_and_writes_stay_in_the_
     assert outcome.value == ("a,b\n1,2\n", True, ["train.csv"])
     assert (tmp_path / "log.txt").read_text() == "before\n" and not (tmp_path / "made.txt").exists()
     assert outcome.redirected == [str(tmp_path / "log.txt")]
+
+
+def test_garbage_inherited_from_the_run_is_not_finalized_in_the_child():
+    # A finalizer of the run's objects would act on the run's resources from the child, and one that raises is
+    # reported through the run's unraisable hook (a test runner's formats a traceback, whose ast.parse inside
+    # another parse's tree-building broke CPython 3.11's AST builder in CI: "recursion depth mismatch").
+    import gc
+
+    finalized: list[str] = []
+
+    class Leftover:
+        def __init__(self) -> None:
+            self.me = self  # a cycle: only the collector frees it
+
+        def __del__(self) -> None:
+            finalized.append("in the child")
+
+    def experiment():
+        gc.set_threshold(1)  # a collection at the next allocations, if collection were on
+        made = [[n] for n in range(10_000)]
+        return len(made), list(finalized), gc.isenabled(), sys.unraisablehook is sys.__unraisablehook__
+
+    previous = gc.get_threshold()
+    gc.set_threshold(10**6)  # keep the leftover alive in the parent until the fork
+    try:
+        Leftover()
+        outcome = sandbox.run(experiment, 20)
+    finally:
+        gc.set_threshold(*previous)
+        gc.collect()
+    assert outcome.error is None, outcome.error
+    assert outcome.value == (10_000, [], False, True)

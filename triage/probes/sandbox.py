@@ -11,7 +11,8 @@ reads find the user's files), Python-level writes to files outside it go to
 shadow copies inside it (so that a log line in `forward` does not stop
 the experiment), and an audit hook refuses what else would reach outside:
 other file writes, subprocesses, forks, sockets, signals and `os._exit`.
-`torch.save` and `torch.distributed`'s collectives are stubbed. The child
+`torch.save` and `torch.distributed`'s collectives are stubbed. Nothing is collected automatically in the
+child, so no finalizer of the run's objects runs there, and the run's unraisable hook is not used. The child
 sends its value back through a pipe and always ends with its own `os._exit`,
 so it never runs the parent's atexit handlers or flushes the parent's buffers.
 The parent kills it with SIGKILL at the time limit and caps its address space.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import faulthandler
+import gc
 import os
 import pickle
 import re
@@ -380,6 +382,12 @@ def _send(write_end: int, sent: dict[str, Any]) -> None:
 
 def _isolate(folder: str, allowed: list[str], write_end: int, budget: int, limit_s: float, python_random: Any) -> None:
     _state.active = True
+    # No automatic collection here: the garbage inherited from the run would be finalized in this process, acting on
+    # the run's resources (its temporary folders, connections), refused, and reported through the run's own
+    # unraisable hook (a test runner's formats a traceback, whose ast.parse inside another parse's tree-building
+    # breaks CPython 3.11's AST builder: "AST constructor recursion depth mismatch", gh-106905).
+    gc.disable()
+    sys.unraisablehook = sys.__unraisablehook__
     _state.refused, _state.saves, _state.redirected = [], [], []
     stack_file = open(os.path.join(folder, "stack"), "w")  # noqa: SIM115 - faulthandler keeps it to the end
     _private_fds(folder, keep={write_end, stack_file.fileno()})
