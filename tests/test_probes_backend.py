@@ -7,6 +7,11 @@ import torch
 from torch import nn
 
 from _probe_fixtures import diagnosis, live_context, raised
+from triage.diagnosis import ProbeResult
+from triage.kb import load_knowledge_base
+from triage.kb.matcher import diagnose, rechoose
+from triage.logparse import parse_text
+from triage.probes import backend_census as census
 from triage.probes.backend_census import backend_census
 
 needs_cpu_build = pytest.mark.skipif(torch.backends.cuda.is_built(), reason="the failure needs a CPU-only torch build")
@@ -66,8 +71,6 @@ def test_backend_census_refutes_when_the_backend_is_there(monkeypatch):
 
 
 def test_the_machine_s_nvidia_gpus_are_counted_from_device_nodes_whatever_the_build(tmp_path, monkeypatch):
-    from triage.probes import backend_census as census
-
     monkeypatch.setattr(census.sys, "platform", "linux")
     for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-modeset"):
         (tmp_path / name).touch()
@@ -84,11 +87,6 @@ def test_the_machine_s_nvidia_gpus_are_counted_from_device_nodes_whatever_the_bu
     (True, 1, False, "cuda-unavailable-in-process"),  # a CUDA build and a GPU, hidden from this process
 ])  # fmt: skip
 def test_a_live_run_s_census_decides_why_a_cuda_checkpoint_cannot_load(built, gpus, available, cause):
-    from triage.diagnosis import ProbeResult
-    from triage.kb import load_knowledge_base
-    from triage.kb.matcher import diagnose, rechoose
-    from triage.logparse import parse_text
-
     kb = load_knowledge_base(env={})
     incident = parse_text("RuntimeError: Attempting to deserialize object on a CUDA device but torch.cuda.is_available() "
                           "is False. If you are running on a CPU-only machine, please use torch.load with "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from triage.kb import load_knowledge_base
 from triage.logparse import parse_text
 from triage.ranks import ROOT as ROOT_ROLE
 from triage.ranks import RankOutcome, choose_root
+from triage.runner import jobdir
 from triage.torchrun_log import read_job
 
 JOBS = ROOT / "corpus" / "logs" / "distributed-jobs"
@@ -381,10 +383,6 @@ def test_ranks_started_by_torchrun_with_dash_m_triage_write_one_job_report(tmp_p
 def test_a_late_write_after_the_node_s_last_rank_cleaned_up_does_not_recreate_the_job_folder(tmp_path):
     # The race behind a job folder left in TMPDIR: a rank stopped by the agent writes its exit status, the node's
     # last rank then writes the report and removes the folder, and only then the first rank adds its stacks.
-    import shutil
-
-    from triage.runner import jobdir
-
     folder = tmp_path / "triage-job-none-1"
     jobdir.update_record(folder, 0, exit_code=-15, exited_at=1.0)
     assert jobdir.read_records(folder)[0]["exit_code"] == -15
