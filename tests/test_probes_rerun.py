@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
 from torch import nn
 
-from _probe_fixtures import (ConvNet, StateGuard, TextModel, diagnosis, live_context, raised,
+from _probe_fixtures import (CUDA_ASSERT, ConvNet, StateGuard, TextModel, diagnosis, live_context, raised,
                              simulated_cuda_incident)
 from triage.probes import _support, shape_trace as shape_trace_module
 from triage.probes.context import ProbeContext
@@ -256,3 +259,40 @@ def test_probes_leave_dropout_rng_and_train_mode_alone(probe, tmp_path):
     guard = StateGuard(model, allowed=tmp_path)
     probe(ctx)
     guard.assert_unchanged()
+
+
+SIMULATED_GPU_STEP = '''
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+CUDA_ASSERT = {assert_text!r}
+
+generator = torch.Generator().manual_seed(0)
+data = TensorDataset(torch.randn(64, 8, generator=generator), torch.randint({low}, {high}, (64,), generator=generator))
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 10))
+for features, labels in DataLoader(data, batch_size=16):
+    loss = nn.functional.cross_entropy(model(features), labels.clamp(0, 9))
+    if labels.max() > 9:  # what the GPU does: the kernel asserts, and the next synchronising call raises
+        raise torch.AcceleratorError(CUDA_ASSERT)
+    loss.backward()
+'''
+
+
+@pytest.mark.parametrize(("low", "high", "cause", "fact"), [
+    (1, 11, "one-based-labels", "labels 1..10 (no 0) for 10 outputs"),
+    (0, 12, "head-too-small", "labels 0..11 for a model with 10 outputs"),
+])
+def test_a_live_device_side_assert_without_its_assertion_line_gets_its_cause_from_the_batch(tmp_path, low, high, cause, fact):
+    # On a GPU the kernel's `Assertion ... failed.` line reaches the process's stdout, not the traceback triage
+    # captures (seen on an H100): the index_range experiment reads the saved batch's labels against the head instead.
+    script = tmp_path / "train.py"
+    script.write_text(SIMULATED_GPU_STEP.format(assert_text=CUDA_ASSERT, low=low, high=high))
+    done = subprocess.run([sys.executable, "-m", "triage", "--report-dir", str(tmp_path / "report"), "--json",
+                           str(tmp_path / "report.json"), str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    leading = json.loads((tmp_path / "report.json").read_text())["diagnoses"][0]
+    assert leading["cause"] == f"cuda-assert.device-side-assert/{cause}", leading["hypothesis"]
+    assert leading["cause_basis"] == "evidence"
+    assert fact in leading["hypothesis"]

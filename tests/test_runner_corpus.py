@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from triage.evaluate import REQUIREMENTS, expectation_here
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "corpus" / "scripts"
 # Every script by its path under corpus/scripts/, from the expected.yaml beside it.
@@ -33,14 +35,6 @@ def _env() -> dict[str, str]:
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["TRIAGE_DEBUG"] = "1"
     return env
-
-
-def _cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
 
 
 def _run(name: str, spec: dict, folder: Path, cwd: Path) -> dict:
@@ -79,14 +73,15 @@ def test_every_script_is_listed() -> None:
     assert len([s for s in EXPECTED.values() if s.get("category")]) >= 60
     for name, spec in EXPECTED.items():
         assert "exit_code" in spec and "category" in spec, name
+        assert spec.get("requires", "cuda") in REQUIREMENTS and ("otherwise" not in spec or "requires" in spec), name
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_script(outcomes, name: str) -> None:
-    spec = EXPECTED[name]
+    spec = expectation_here(EXPECTED[name])
     outcome, folder = outcomes[name]
-    failing_here = spec.get("category") is not None and not (spec.get("requires") == "cuda" and not _cuda())
-    expected_code = spec["exit_code"] if failing_here or spec.get("category") is None else 0
+    failing_here = spec.get("category") is not None
+    expected_code = spec["exit_code"]
     assert outcome["code"] == expected_code, outcome["stderr"][-3000:]
     if "plain" in outcome:
         assert outcome["plain"]["code"] == expected_code

@@ -9,6 +9,7 @@ scripts run under the runner in a subprocess, as a user would run them.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -164,16 +165,40 @@ def evaluate_scripts(
         return list(pool.map(run, cases))
 
 
-def _has_cuda() -> bool:
-    """Whether this machine has an NVIDIA driver, without importing torch in the evaluating process."""
-    return os.path.exists("/proc/driver/nvidia/version")
+_TORCH_HERE_CODE = "import torch; print(torch.backends.cuda.is_built(), torch.cuda.is_available())"
+@functools.cache
+def torch_here() -> dict[str, bool]:
+    """What the scripts' torch offers on this machine: {"cuda-build": ..., "cuda": ...}, asked once of a child
+    python (the evaluating process does not import torch; a script picks "cuda" by `torch.cuda.is_available()`)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _TORCH_HERE_CODE], capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL)
+        built, available = done.stdout.split()[-2:] if done.returncode == 0 else ("False", "False")
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        built, available = "False", "False"
+    return {"cuda-build": built == "True", "cuda": available == "True"}
+
+
+REQUIREMENTS = ("cuda", "cpu-build")
+
+
+def expectation_here(expectation: dict[str, Any]) -> dict[str, Any]:
+    """A script's expectation on this machine. `requires: cuda` scripts fail only where CUDA works, `requires:
+    cpu-build` ones only where torch has no CUDA; elsewhere such a script must run to completion with triage adding
+    nothing, unless its `otherwise:` block says how the same bug fails there."""
+    needs = expectation.get("requires")
+    if needs is None:
+        return expectation
+    here = torch_here()
+    met = here["cuda"] if needs == "cuda" else not here["cuda-build"]
+    if met:
+        return expectation
+    succeeds = {"category": None, "rule": None, "facts": [], "exit_code": 0, "cause_id": None, "fix_id": None}
+    return {**expectation, **succeeds, **expectation.get("otherwise", {})}
 
 
 def _run_script(path: Path, expectation: dict[str, Any]) -> CaseResult:
-    if expectation.get("requires") == "cuda" and not _has_cuda():
-        # Such a script fails only on a GPU; here it must simply succeed, and triage add nothing.
-        expectation = {**expectation, "category": None, "rule": None, "facts": [], "exit_code": 0, "cause_id": None,
-                       "fix_id": None}
+    expectation = expectation_here(expectation)
     result = _new_result(path, "script", expectation)
     result.expected_exit = expectation.get("exit_code", 1)
     with tempfile.TemporaryDirectory(prefix="triage-eval-") as tmp:
