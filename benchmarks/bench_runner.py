@@ -1,6 +1,6 @@
 """Runner benchmarks: wall-time cost of `python -m triage` on a succeeding script, and time to a report.
 
-    python benchmarks/bench_runner.py [--runs N]
+    python benchmarks/bench_runner.py [--runs N] [--device cuda] [--overhead-only]
 
 1. Overhead: a small CPU training run of a few seconds (DataLoader, optimizer
    steps, so the progress hooks fire on every batch) under plain python and under
@@ -39,11 +39,12 @@ torch.set_num_threads(1)  # one thread: steadier timings on a shared 2-core mach
 x = torch.randn(8192, 64)
 y = (x[:, :8].sum(dim=1) > 0).long()
 loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)
-model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 2))
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 2)).to("DEVICE")
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 steps = 0
 for epoch in range(EPOCHS):
     for features, labels in loader:
+        features, labels = features.to("DEVICE"), labels.to("DEVICE")
         loss = torch.nn.functional.cross_entropy(model(features), labels)
         optimizer.zero_grad()
         loss.backward()
@@ -93,9 +94,9 @@ def _cpu_timed(command: list[str], cwd: Path) -> tuple[float, float, subprocess.
     return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), result
 
 
-def overhead(folder: Path, runs: int, epochs: int) -> None:
+def overhead(folder: Path, runs: int, epochs: int, device: str = "cpu") -> None:
     script = folder / "train.py"
-    script.write_text(TRAINING.replace("EPOCHS", str(epochs)))
+    script.write_text(TRAINING.replace("EPOCHS", str(epochs)).replace("DEVICE", device))
     plain_times, triage_times, plain_cpu, triage_cpu = [], [], [], []
     _timed([sys.executable, str(script)], folder)  # warm the page cache
     for _ in range(runs):
@@ -108,7 +109,7 @@ def overhead(folder: Path, runs: int, epochs: int) -> None:
         assert plain.returncode == triaged.returncode == 0, triaged.stderr
         assert plain.stdout == triaged.stdout and triaged.stderr == plain.stderr
     plain_median, triage_median = statistics.median(plain_times), statistics.median(triage_times)
-    print(f"succeeding script ({plain.stdout.strip()}), {runs} runs each, interleaved:")
+    print(f"succeeding script on {device} ({plain.stdout.strip()}), {runs} runs each, interleaved:")
     print(f"  plain python     median {plain_median:.3f} s wall, {statistics.median(plain_cpu):.3f} s CPU"
           f"  (runs: {', '.join(f'{t:.2f}' for t in plain_times)})")
     print(f"  python -m triage median {triage_median:.3f} s wall, {statistics.median(triage_cpu):.3f} s CPU"
@@ -151,12 +152,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=3, help="epochs of the succeeding script (sets its length)")
+    parser.add_argument("--device", default="cpu", help="where the succeeding script trains (cuda: the GPU path's flags)")
+    parser.add_argument("--overhead-only", action="store_true", help="skip the time-to-report runs")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-runner-") as tmp:
         folder = Path(tmp)
-        overhead(folder, args.runs, args.epochs)
-        print()
-        time_to_report(folder, max(3, args.runs // 2 + 1))
+        overhead(folder, args.runs, args.epochs, args.device)
+        if not args.overhead_only:
+            print()
+            time_to_report(folder, max(3, args.runs // 2 + 1))
 
 
 if __name__ == "__main__":

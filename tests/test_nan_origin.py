@@ -35,6 +35,47 @@ def _reader():
     return READERS["torch.float32"]
 
 
+class _GpuScalar:
+    """What read_loss sees of a CUDA loss (is_cuda, not is_cpu); its value lives in a CPU tensor here."""
+
+    def __init__(self, value: float) -> None:
+        self.value = torch.tensor(value)
+        self.dtype, self.device, self.is_cuda, self.is_cpu = self.value.dtype, self.value.device, True, False
+
+    def numel(self) -> int:
+        return 1
+
+    def is_floating_point(self) -> bool:
+        return True
+
+    def detach(self) -> torch.Tensor:
+        return self.value
+
+
+def test_a_gpu_runs_losses_are_kept_on_the_device_and_read_at_the_incident_like_a_cpu_runs():
+    # On an H100 a diverging regression got "No rule matched": a GPU loss was never read (a read synchronises).
+    losses, norms = [7.0e4, 4.1e9, 1.4e7, 3.0e6, 6.0e34, float("inf")], [4074, 6.8e8, 6.4e6, 119, None, None]
+    on_gpu = loss_watch.LossTrend()
+    on_gpu._readers = {torch.float32: _reader()}
+    for loss, norm in zip(losses, norms):
+        on_gpu.read_loss(_GpuScalar(loss))
+        if norm is not None:
+            on_gpu.note_device_grad_norm(torch.tensor(norm))
+    assert not on_gpu.losses and on_gpu.first_nonfinite is None  # nothing read per step
+    on_gpu.read_device_values()
+    assert on_gpu.verdict() == _trend(losses, norms).verdict()
+    on_gpu.read_device_values()  # a second incident reads them again without doubling them
+    assert on_gpu.verdict() == _trend(losses, norms).verdict()
+
+
+def test_a_gpu_series_keeps_the_latest_values_with_their_calls():
+    series = loss_watch.DeviceSeries(4)
+    for call in range(1, 7):
+        series.record(call, torch.tensor(float(call) * 10))
+    assert series.read() == [(3, 30.0), (4, 40.0), (5, 50.0), (6, 60.0)]
+    assert loss_watch.DeviceSeries(4).read() == []
+
+
 def test_a_loss_and_gradient_norm_growing_together_is_a_divergence_led_by_the_updates():
     # the VAE of pytorch/examples at Adam(lr=0.3): the loss jumps with the gradient norm at the second step
     trend = _trend([7.0e4, 4.1e9, 1.4e7, 3.0e6, 6.0e34, float("inf")], [4074, 6.8e8, 6.4e6, 119, None, None])

@@ -323,6 +323,27 @@ def test_an_asynchronous_flag_is_reported_with_its_own_step(tmp_path):
     assert lines[-1] == "triage: found by an asynchronous check, 2 step(s) later"
 
 
+def test_an_asynchronous_gradient_flag_names_the_gradients_when_it_is_read(tmp_path):
+    # On a GPU the flag says only "NaN/Inf"; when it is read, the gradients are read once to say which.
+    triage.install(report_dir=tmp_path / "r", stream=io.StringIO())
+    model = nn.Linear(2, 1)
+    model.weight.grad, model.bias.grad = torch.full((1, 2), float("nan")), torch.zeros(1)
+
+    class ReadyFlags:
+        pending = True
+
+        def ready(self):
+            return [{"what": "gradients", "step": 3, "batch_index": None, "model_call": None}]
+
+    monitor = wrapper.NonFiniteMonitor(TRACKER, model=model)
+    monitor.flags = ReadyFlags()
+    monitor.poll()
+    report = json.loads((tmp_path / "r" / "report.json").read_text())["incident"]
+    assert report["log_lines"][0] == ("triage: non-finite gradients at step 3: 1 of 2 gradients: weight, "
+                                      "found by an asynchronous check")
+    assert report["facts"]["nan"]["nonfinite_gradients"] == ["weight"]
+
+
 class FakeEvent:
     """Stands in for torch.cuda.Event on a CPU-only machine: completes when told to."""
 

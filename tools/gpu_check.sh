@@ -20,5 +20,10 @@ for script in corpus/scripts/gpu/*.py corpus/scripts/positional_buffer_on_cpu.py
   echo "== $name: exit $code, $(( ($(date +%s%N) - started) / 1000000 )) ms" >>"$log"
   cat "$work/$name.out" >>"$log"
 done
+# Where the kernel's `Assertion ... failed.` lines go: stdout or stderr of the process.
+(cd corpus/scripts/gpu && python3 one_based_labels_device_assert.py >"$work/assert.stdout" 2>"$work/assert.stderr")
+echo "== assertion lines: stdout $(grep -c 'Assertion' "$work/assert.stdout"), stderr $(grep -c 'Assertion' "$work/assert.stderr")" >>"$log"
+# What the per-step hooks and the GPU flags cost a small GPU training loop.
+python3 benchmarks/bench_runner.py --device cuda --runs 3 --epochs 12 --overhead-only >>"$log" 2>&1
 tar czf "$out/reports.tgz" -C "$work" .
 echo "== done" >>"$log"

@@ -43,6 +43,10 @@ class LossTrend:
         self.wants_gradients = False  # whether the hook reads this backward()'s gradient norm
         self.on_nonfinite: Callable[[int, float], None] | None = None
         self._readers: dict[Any, tuple[Any, int]] = {}
+        # A GPU run's losses and gradient norms, kept on the device until an incident reads them.
+        self.device_losses = DeviceSeries(KEEP)
+        self.device_baseline = DeviceSeries(BASELINE)
+        self.device_grad_norms = DeviceSeries(KEEP)
 
     # ------------------------------------------------------------------ per step (kept to a few attribute reads)
 
@@ -54,7 +58,13 @@ class LossTrend:
         reader = self._readers.get(getattr(loss, "dtype", None))
         if reader is None or not loss.is_cpu or loss.numel() != 1:
             self.wants_gradients = False
-            return  # a GPU loss would need a synchronisation: the NaN check's asynchronous flags cover it
+            if getattr(loss, "is_cuda", False) and loss.numel() == 1 and loss.is_floating_point():
+                # Reading a GPU loss would synchronise: it is copied into a buffer on its device, read at an incident.
+                calls = self.calls = self.calls + 1
+                self.device_losses.record(calls, loss)
+                if calls <= BASELINE:
+                    self.device_baseline.record(calls, loss)
+            return
         calls = self.calls = self.calls + 1
         value = reader[0][loss.data_ptr() >> reader[1]]
         self.losses.append((calls, value))
@@ -99,13 +109,35 @@ class LossTrend:
 
     def note_grad_norm(self, norm: float) -> None:
         """A total gradient norm computed by a check that runs anyway (the NaN check, the health sampler)."""
-        point = (self.calls, norm)
+        self.note_grad_norm_at(self.calls, norm)
+
+    def note_grad_norm_at(self, calls: int, norm: float) -> None:
+        point = (calls, norm)
         if self.first_grad_norm is None:
             self.first_grad_norm = point
-        if not self.grad_norms or self.grad_norms[-1][0] != self.calls:
+        if not self.grad_norms or self.grad_norms[-1][0] != calls:
             self.grad_norms.append(point)
 
+    def note_device_grad_norm(self, norm: Any) -> None:
+        """A GPU total gradient norm the NaN check computed anyway, kept on its device (no synchronisation)."""
+        self.device_grad_norms.record(self.calls, norm)
+
     # ------------------------------------------------------------------ after the fact
+
+    def read_device_values(self) -> None:
+        """Bring a GPU run's losses and gradient norms to the host (one synchronisation, at an incident), in call
+        order, as a CPU run reads them step by step. After a CUDA error the device cannot be read: they stay unknown."""
+        losses = self.device_baseline.read() + self.device_losses.read()
+        norms = self.device_grad_norms.read()
+        known = {call for call, _ in self.baseline}
+        self.baseline.extend(point for point in losses if point[0] <= BASELINE and point[0] not in known)
+        self.losses.extend(point for point in _unique(losses) if point not in self.losses)
+        for call, value in _unique(losses):
+            if value - value != 0 and (self.first_nonfinite is None or call < self.first_nonfinite[0]):
+                self.first_nonfinite = (call, value)
+                break
+        for point in _unique(norms):
+            self.note_grad_norm_at(*point)
 
     def verdict(self, optimizer: Any = None, model: Any = None, main_globals: dict[str, Any] | None = None) -> dict[str, Any]:
         """What the losses and gradient norms say, as plain facts (empty when too few losses were seen)."""
@@ -172,6 +204,41 @@ class LossTrend:
         rate = f"; learning rate lr={_fmt(facts['lr'])} ({facts['lr_source']})" if "lr" in facts else ""
         out.append(f"triage: {clipping}{rate}")
         return out
+
+
+class DeviceSeries:
+    """The latest `keep` scalars of a GPU run, each with its backward() call, kept on their device.
+
+    Recording is one copy kernel into a slot of a small device buffer (no synchronisation); `read()` brings
+    them to the host once, when an incident needs them.
+    """
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.values: Any = None  # float64 on the device of the first value recorded
+        self.slots: list[Any] = []  # a view of each element of `values`, made once
+        self.calls: list[int | None] = [None] * keep
+        self.next = 0
+
+    def record(self, call: int, value: Any) -> None:
+        if self.values is None or self.values.device != value.device:
+            torch = sys.modules["torch"]
+            self.values = torch.empty(self.keep, dtype=torch.float64, device=value.device)
+            self.slots = list(self.values.unbind())
+            self.calls = [None] * self.keep
+        self.slots[self.next].copy_(value.detach().reshape(()))
+        self.calls[self.next] = call
+        self.next = (self.next + 1) % self.keep
+
+    def read(self) -> list[tuple[int, float]]:
+        """(call, value) pairs, oldest first; empty when nothing was recorded or the device cannot be read."""
+        if self.values is None:
+            return []
+        try:
+            host = self.values.cpu().tolist()
+        except RuntimeError:  # a CUDA error (a device-side assert) leaves the device unreadable
+            return []
+        return sorted((call, value) for call, value in zip(self.calls, host) if call is not None)
 
 
 def _unique(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
@@ -283,6 +350,7 @@ def evidence(optimizer: Any = None, model: Any = None) -> tuple[dict[str, Any], 
     """The run's trend as (facts, report lines); empty when no trend is kept or it says nothing."""
     if TREND is None:
         return {}, []
+    TREND.read_device_values()
     main = sys.modules.get("__main__")
     facts = TREND.verdict(optimizer, model, getattr(main, "__dict__", None))
     lines = TREND.lines(facts)

@@ -395,6 +395,7 @@ class NonFiniteMonitor:
                         self.fire("gradients", self._gradient_summary(bad, params), gradients=bad)
                         return
             elif device.type == "cuda":
+                _note_device_grad_norm(total)
                 self.flags.push(~torch.isfinite(total), self._snapshot("gradients"))
         cost = time.perf_counter() - started
         if adapt and self.step_interval:
@@ -410,8 +411,24 @@ class NonFiniteMonitor:
     def poll(self) -> None:
         if self.flags.pending:
             for info in self.flags.ready():
-                self.fire(info["what"], "NaN/Inf (found by an asynchronous check)", snapshot=info)
+                value, bad = "NaN/Inf (found by an asynchronous check)", None
+                if info["what"] == "gradients":
+                    bad, value = self._gradients_now(value)
+                self.fire(info["what"], value, gradients=bad, snapshot=info)
                 break
+
+    def _gradients_now(self, value: str) -> tuple[list[str] | None, str]:
+        """Which gradients are non-finite when a GPU flag is read (a few steps after it was set; reading them
+        synchronises once, at the incident), and the summary the CPU check would give."""
+        model = self._model()
+        if model is None:
+            return None, value
+        try:
+            params = list(model.parameters())
+            bad = self._bad_gradients(params)
+        except RuntimeError:  # the device cannot be read after a CUDA error
+            return None, value
+        return (bad, f"{self._gradient_summary(bad, params)}, found by an asynchronous check") if bad else (None, value)
 
     # -- the incident
 
@@ -515,6 +532,14 @@ def _note_grad_norm(norm: float) -> None:
 
     if loss_watch.TREND is not None:
         loss_watch.TREND.note_grad_norm(norm)
+
+
+def _note_device_grad_norm(norm: Any) -> None:
+    """The same for a GPU norm, kept on its device until an incident reads it."""
+    from . import loss_watch
+
+    if loss_watch.TREND is not None:
+        loss_watch.TREND.note_device_grad_norm(norm)
 
 
 def _add_origin(ctx: Any, at: str, lines: list[str], facts: dict[str, Any]) -> None:
