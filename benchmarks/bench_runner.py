@@ -107,7 +107,8 @@ def overhead(folder: Path, runs: int, epochs: int, device: str = "cpu") -> None:
         triage_times.append(seconds)
         triage_cpu.append(cpu)
         assert plain.returncode == triaged.returncode == 0, triaged.stderr
-        assert plain.stdout == triaged.stdout and triaged.stderr == plain.stderr
+        assert plain.stdout == triaged.stdout, f"stdout differs:\n{plain.stdout}\n--- under triage:\n{triaged.stdout}"
+        assert plain.stderr == triaged.stderr, f"stderr differs:\n{plain.stderr}\n--- under triage:\n{triaged.stderr}"
     plain_median, triage_median = statistics.median(plain_times), statistics.median(triage_times)
     print(f"succeeding script on {device} ({plain.stdout.strip()}), {runs} runs each, interleaved:")
     print(f"  plain python     median {plain_median:.3f} s wall, {statistics.median(plain_cpu):.3f} s CPU"

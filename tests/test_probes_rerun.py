@@ -185,7 +185,7 @@ def test_index_range_without_a_replay_checks_the_batch_against_the_model():
     batch = {"input_ids": torch.tensor([[1, 2]]), "mask": torch.tensor([[1, 1]]), "labels": torch.tensor([5])}
     outcome = index_range(ProbeContext(incident=incident, exception=exc, model=model, batch=batch))
     assert outcome.status == "confirmed"
-    assert "batch['labels'] (targets) (out_features=3 of head): 1 of 1 values outside [0, 3): 5 at [0]" in outcome.detail
+    assert "batch['labels'] (targets) (out_features=3 of head (Linear)): 1 of 1 values outside [0, 3): 5 at [0]" in outcome.detail
     assert "input_ids" not in outcome.facts["offending"]
 
 
@@ -284,7 +284,7 @@ for features, labels in DataLoader(data, batch_size=16):
     (0, 12, "head-too-small", "labels 0..11 for a model with 10 outputs"),
 ])
 def test_a_live_device_side_assert_without_its_assertion_line_gets_its_cause_from_the_batch(tmp_path, low, high, cause, fact):
-    # On a GPU the kernel's `Assertion ... failed.` line reaches the process's stdout, not the traceback triage
+    # On a GPU the kernel's `Assertion ... failed.` lines reach the process's stderr, outside the traceback triage
     # captures (seen on an H100): the index_range experiment reads the saved batch's labels against the head instead.
     script = tmp_path / "train.py"
     script.write_text(SIMULATED_GPU_STEP.format(assert_text=CUDA_ASSERT, low=low, high=high))

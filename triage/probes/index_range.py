@@ -191,7 +191,8 @@ def _batch_checks(ctx: ProbeContext, poisoned: bool) -> list[Check]:
         is_target = any(word in path.lower() for word in _TARGET_NAMES) or (
             isinstance(ctx.batch, (list, tuple)) and len(ctx.batch) >= 2 and path == f"batch[{len(ctx.batch) - 1}]")
         if is_target and classifier is not None:
-            owner = names.get(id(classifier), "the classifier")
+            path_name = names.get(id(classifier))
+            owner = f"{path_name} ({type(classifier).__name__})" if path_name else "the classifier"
             checks.append(Check(f"{path} (targets)", data, classifier.out_features,
                                 f"out_features={classifier.out_features} of {owner}", kind="target"))
         elif not is_target:
