@@ -149,8 +149,10 @@ def _result(name: str, outcome: Any, limit_s: float) -> ProbeResult:
         frame = innermost_user_frame(outcome.stack) or (outcome.stack[-1] if outcome.stack else None)
         at = f" (it was at {where(frame)})" if frame else ""
         return ProbeResult(name, "error", f"stopped at its time limit of {limit_s:.3g} s{at}", seconds=outcome.seconds)
-    if outcome.stopped == "unavailable":
-        return ProbeResult(name, "skipped", outcome.reason, seconds=outcome.seconds)
+    if outcome.stopped == "unavailable":  # (an experiment that reached CUDA it could not use says where)
+        frame = innermost_user_frame(outcome.stack)
+        at = f" (at {where(frame)})" if frame else ""
+        return ProbeResult(name, "skipped", f"{outcome.reason}{at}", seconds=outcome.seconds)
     if outcome.stopped is not None:
         status = "inconclusive" if outcome.stopped == "memory" else "error"
         return ProbeResult(name, status, outcome.reason, seconds=outcome.seconds)

@@ -11,9 +11,11 @@ reads find the user's files), Python-level writes to files outside it go to
 shadow copies inside it (so that a log line in `forward` does not stop
 the experiment), and an audit hook refuses what else would reach outside:
 other file writes, subprocesses, forks, sockets, signals and `os._exit`.
-`torch.save` and `torch.distributed`'s collectives are stubbed. Nothing is collected automatically in the
-child, so no finalizer of the run's objects runs there, and the run's unraisable hook is not used. The child
-sends its value back through a pipe and always ends with its own `os._exit`,
+`torch.save` and `torch.distributed`'s collectives are stubbed. CUDA does not survive fork: when the parent
+holds a CUDA context, an experiment that reaches CUDA (torch's "Cannot re-initialize CUDA in forked subprocess")
+has not run, whatever it made of the error, and comes back stopped as "unavailable". Nothing is collected
+automatically in the child, so no finalizer of the run's objects runs there, and the run's unraisable hook is
+not used. The child sends its value back through a pipe and always ends with its own `os._exit`,
 so it never runs the parent's atexit handlers or flushes the parent's buffers.
 The parent kills it with SIGKILL at the time limit and caps its address space.
 """
@@ -49,6 +51,10 @@ RESULT_BYTES = 16 * 1024**2
 SHADOW_COPY_BYTES = 64 * 1024**2
 # Most entries of the run's working folder linked into the child's own (a home folder can hold thousands).
 MIRRORED_ENTRIES = 4096
+
+# torch's error for a CUDA call in a process forked from one that had initialised CUDA (torch/cuda/__init__.py).
+BAD_FORK_MESSAGE = "Cannot re-initialize CUDA in forked subprocess"
+CUDA_AFTER_FORK = "the experiment reached CUDA, which a forked experiment cannot use (CUDA does not survive fork)"
 
 _CHILD_EXIT_DONE = 0
 _CHILD_EXIT_BROKEN = 70
@@ -88,7 +94,8 @@ class Outcome:
     stopped: str | None = None  # "time", "memory", "signal", "unavailable" when the child did not finish
     reason: str = ""  # one line, for a stopped child
     seconds: float = 0.0
-    stack: list[traceback.FrameSummary] = field(default_factory=list)  # where a child stopped at its time limit was
+    # where a child stopped at its time limit was, or where an experiment reached CUDA it could not use
+    stack: list[traceback.FrameSummary] = field(default_factory=list)
     stdout: str = ""
     stderr: str = ""
     refused: list[str] = field(default_factory=list)  # what the audit hook refused, in order
@@ -118,6 +125,8 @@ class _State:
     redirected: list[str] = []
     streams: list[Any] = []  # the child's own stdout and stderr
     parent_threads: int | None = None  # torch's intra-op threads in the process the child was forked from
+    parent_cuda = False  # the process the child was forked from had initialised CUDA
+    cuda_reached: list[traceback.FrameSummary] | None = None  # where the experiment first tried to start CUDA
 
 
 _state = _State()
@@ -140,6 +149,7 @@ def run(fn: Callable[[], Any], limit_s: float, *, allowed: Iterable[str | os.Pat
     try:
         budget = memory_bytes if memory_bytes is not None else memory_budget()
         python_random = _python_rng_state()
+        parent_cuda = cuda_initialised()
         read_end, write_end = os.pipe()
         try:
             pid = os.fork()
@@ -149,7 +159,8 @@ def run(fn: Callable[[], Any], limit_s: float, *, allowed: Iterable[str | os.Pat
             return Outcome(stopped="unavailable", reason=f"cannot fork an experiment: {exc.strerror or exc}")
         if pid == 0:  # the child: never returns
             try:
-                _child(fn, read_end, write_end, folder, [str(a) for a in allowed], budget, limit_s, python_random)
+                _child(fn, read_end, write_end, folder, [str(a) for a in allowed], budget, limit_s, python_random,
+                       parent_cuda)
             finally:
                 os._exit(_CHILD_EXIT_BROKEN)
         os.close(write_end)
@@ -161,6 +172,17 @@ def run(fn: Callable[[], Any], limit_s: float, *, allowed: Iterable[str | os.Pat
         return outcome
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def cuda_initialised() -> bool:
+    """Whether this process holds a CUDA context, which no process forked from it can use (never starts CUDA)."""
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is None:
+        return False
+    try:
+        return bool(cuda.is_initialized())  # False in a process that is itself a bad fork: its CUDA errors are real
+    except Exception:
+        return False
 
 
 def memory_budget() -> int:
@@ -320,14 +342,14 @@ def _dumped_stack(text: str) -> list[traceback.FrameSummary]:
 
 
 def _child(fn: Callable[[], Any], read_end: int, write_end: int, folder: str, allowed: list[str], budget: int,
-           limit_s: float, python_random: Any) -> None:
+           limit_s: float, python_random: Any, parent_cuda: bool) -> None:
     """Isolate this process, run the experiment, send the outcome, and end here whatever happens."""
     real_exit = os._exit
     code = _CHILD_EXIT_BROKEN
     try:
         os.close(read_end)
         try:
-            _isolate(folder, allowed, write_end, budget, limit_s, python_random)
+            _isolate(folder, allowed, write_end, budget, limit_s, python_random, parent_cuda)
         except BaseException as exc:  # noqa: BLE001 - an experiment that cannot be isolated does not run
             sent = {"error": f"the experiment's process could not be isolated: {type(exc).__name__}: {exc}",
                     "error_type": type(exc).__name__, "error_traceback": traceback.format_exc()[-4000:]}
@@ -348,15 +370,32 @@ def _child(fn: Callable[[], Any], read_end: int, write_end: int, folder: str, al
 
 def _experiment(fn: Callable[[], Any]) -> dict[str, Any]:
     try:
-        value = fn()
+        sent: dict[str, Any] = {"value": fn()}
     except BaseException as exc:  # noqa: BLE001 - the experiment's failure is sent back as data
+        if _state.parent_cuda and _state.cuda_reached is None and _raised_bad_fork(exc):
+            _state.cuda_reached = traceback.extract_tb(exc.__traceback__)
         first = str(exc).strip().split("\n", 1)[0]
-        return {"error": f"{type(exc).__name__}: {first}" if first else type(exc).__name__,
-                "error_type": type(exc).__name__, "error_traceback": "".join(traceback.format_exception(exc))[-8000:],
-                "refused": list(_state.refused), "saves": list(_state.saves),
-                "redirected": list(_state.redirected)}
-    return {"value": value, "refused": list(_state.refused), "saves": list(_state.saves),
-                "redirected": list(_state.redirected)}
+        sent = {"error": f"{type(exc).__name__}: {first}" if first else type(exc).__name__,
+                "error_type": type(exc).__name__, "error_traceback": "".join(traceback.format_exception(exc))[-8000:]}
+    if _state.cuda_reached is not None:  # raised, or caught and made a verdict of by the probe: no verdict holds
+        sent = {"stopped": "unavailable", "reason": CUDA_AFTER_FORK, "stack": _state.cuda_reached}
+    sent.update(refused=list(_state.refused), saves=list(_state.saves), redirected=list(_state.redirected))
+    return sent
+
+
+def _raised_bad_fork(exc: BaseException) -> bool:
+    """Whether torch's bad-fork error is the exception or one it was raised from or during."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        try:
+            if BAD_FORK_MESSAGE in str(current):
+                return True
+        except Exception:  # a user exception whose __str__ fails says nothing about CUDA
+            pass
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def call_here(fn: Callable[[], Any]) -> Outcome:
@@ -380,8 +419,10 @@ def _send(write_end: int, sent: dict[str, Any]) -> None:
     os.close(write_end)
 
 
-def _isolate(folder: str, allowed: list[str], write_end: int, budget: int, limit_s: float, python_random: Any) -> None:
+def _isolate(folder: str, allowed: list[str], write_end: int, budget: int, limit_s: float, python_random: Any,
+             parent_cuda: bool) -> None:
     _state.active = True
+    _state.parent_cuda, _state.cuda_reached = parent_cuda, None
     # No automatic collection here: the garbage inherited from the run would be finalized in this process, acting on
     # the run's resources (its temporary folders, connections), refused, and reported through the run's own
     # unraisable hook (a test runner's formats a traceback, whose ast.parse inside another parse's tree-building
@@ -403,6 +444,8 @@ def _isolate(folder: str, allowed: list[str], write_end: int, budget: int, limit
     random.setstate(python_random)
     _limit_memory(budget)
     _stub_torch()
+    if parent_cuda:
+        _note_cuda_starts()
     roots = [os.path.realpath(folder)] + [os.path.realpath(a) for a in allowed]
     _shadow_writes(folder, roots)
     os._exit = _refuse_exit  # no audit event exists for it: the experiment gets an exception instead
@@ -518,6 +561,29 @@ def _stub_torch() -> None:
         for name in _DISTRIBUTED:
             if hasattr(distributed, name):
                 setattr(distributed, name, _collective(name))
+
+
+def _note_cuda_starts() -> None:
+    """Note where the experiment first meets torch's bad-fork error, which any start of CUDA raises in this child:
+    the experiment may catch that error and read it as the user's failure, so the note, not its verdict, decides.
+
+    torch starts CUDA through `torch.cuda._lazy_init`, looked up by name from C++ (a CUDA tensor, `.to("cuda")`) and
+    imported by name into torch.cuda's own modules; each of those names is wrapped."""
+    original = getattr(sys.modules.get("torch.cuda"), "_lazy_init", None)
+    if original is None:
+        return
+
+    def lazy_init_noted(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except RuntimeError as exc:
+            if _state.cuda_reached is None and BAD_FORK_MESSAGE in str(exc):
+                _state.cuda_reached = traceback.extract_stack()[:-1]
+            raise
+
+    for name, module in list(sys.modules.items()):
+        if (name == "torch.cuda" or name.startswith("torch.cuda.")) and getattr(module, "_lazy_init", None) is original:
+            module._lazy_init = lazy_init_noted
 
 
 def _collective(name: str) -> Callable[..., Any]:
