@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from _probe_fixtures import (CUDA_ASSERT, ConvNet, StateGuard, TextModel, diagnosis, live_context, raised,
+from _probe_fixtures import (ASSERT_LINE, CUDA_ASSERT, ConvNet, StateGuard, TextModel, diagnosis, live_context, raised,
                              simulated_cuda_incident)
 from triage.probes import _support, shape_trace as shape_trace_module
 from triage.probes.context import ProbeContext
@@ -271,10 +271,16 @@ CUDA_ASSERT = {assert_text!r}
 generator = torch.Generator().manual_seed(0)
 data = TensorDataset(torch.randn(64, 8, generator=generator), torch.randint({low}, {high}, (64,), generator=generator))
 model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 10))
-for features, labels in DataLoader(data, batch_size=16):
-    loss = nn.functional.cross_entropy(model(features), labels.clamp(0, 9))
-    if labels.max() > 9:  # what the GPU does: the kernel asserts, and the next synchronising call raises
+
+
+def gpu_cross_entropy(logits, labels):
+    if labels.max() >= logits.shape[1]:  # what the GPU does: the kernel asserts, a later call raises
         raise torch.AcceleratorError(CUDA_ASSERT)
+    return nn.functional.cross_entropy(logits, labels)
+
+
+for features, labels in DataLoader(data, batch_size=16):
+    loss = gpu_cross_entropy(model(features), labels)
     loss.backward()
 '''
 
@@ -296,3 +302,32 @@ def test_a_live_device_side_assert_without_its_assertion_line_gets_its_cause_fro
     assert leading["cause"] == f"cuda-assert.device-side-assert/{cause}", leading["hypothesis"]
     assert leading["cause_basis"] == "evidence"
     assert fact in leading["hypothesis"]
+
+
+KERNEL_ASSERTION = ("/pytorch/aten/src/ATen/native/cuda/Loss.cu:245: nll_loss_forward_reduce_cuda_kernel_2d: "
+                    "block: [0,0,0], thread: [{thread},0,0] Assertion `t >= 0 && t < n_classes` failed.\n")
+
+
+def test_a_device_side_assert_reads_the_kernels_assertion_back_from_the_stderr_log(tmp_path):
+    # The CUDA runtime writes the assertion to stderr (seen on an H100); a job's log file holds it. Only what this
+    # run wrote counts: the log's earlier lines (another run's assertion on an embedding) are not read.
+    script = tmp_path / "train.py"
+    source = SIMULATED_GPU_STEP.format(assert_text=CUDA_ASSERT, low=1, high=11)
+    source = source.replace("        raise torch.AcceleratorError", "        import os\n" + "".join(
+        f"        os.write(2, {KERNEL_ASSERTION.format(thread=t).encode()!r})\n" for t in (1, 14, 19))
+        + "        raise torch.AcceleratorError")
+    assert "os.write(2" in source
+    script.write_text(source)
+    log = tmp_path / "train.log"
+    log.write_text(ASSERT_LINE + "\n")
+    with open(log, "a") as stderr:
+        done = subprocess.run([sys.executable, "-m", "triage", "--report-dir", str(tmp_path / "report"), "--json",
+                               str(tmp_path / "report.json"), str(script)], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                              stderr=stderr, timeout=120)
+    assert done.returncode == 1, log.read_text()[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["incident"]["log_lines"][0] == KERNEL_ASSERTION.format(thread=1).strip()  # one per distinct check
+    assert not any("srcSelectDimSize" in line or "thread: [14" in line for line in report["incident"]["log_lines"])
+    leading = report["diagnoses"][0]
+    assert leading["rule"] == "cuda-assert.class-label-out-of-range", leading["title"]
+    assert leading["cause"] == "cuda-assert.class-label-out-of-range/one-based-labels"

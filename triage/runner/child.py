@@ -52,6 +52,7 @@ class Session:
         # At the script's normal end (ended_cleanly): a signal during the interpreter's shutdown is read by them.
         self.ended_cleanly = False
         self.process_group_alive = False
+        self.stderr_file = None  # the log file stderr goes to, read back at a CUDA error for the kernel's assertion
 
     def start(self) -> None:
         tracking.capture_owner = "runner"  # install() and watch() leave uncaught exceptions to us
@@ -67,6 +68,9 @@ class Session:
             # torchrun's agent stops a rank with SIGTERM to its process group: dump where it was, then die of it
             # (faulthandler chains to the default action), so the rank's exit stays -15.
             faulthandler.register(signal.SIGTERM, file=stacks, all_threads=True, chain=True)
+        from ..capture.stderr_file import StderrFile
+
+        self.stderr_file = StderrFile.at_start()
         self._install_thread_hook()
         self.warnings.install()
         TorchImportWatcher(self._torch_imported).install()
@@ -151,6 +155,12 @@ class Session:
 
         threading.excepthook = excepthook
 
+    def _kernel_assertions(self, exc: BaseException) -> list[str]:
+        """After a CUDA error, the kernel assertions the run wrote to its stderr log (the check that failed)."""
+        if self.stderr_file is None or "CUDA error" not in str(exc):
+            return []
+        return self.stderr_file.kernel_assertions()
+
     def report_exception(self, exc: BaseException, tb, *, thread_name: str | None = None, exit_code: int | None = 1) -> None:
         """Capture → diagnose → probes → report folder → summary. Never raises (outside TRIAGE_DEBUG)."""
         if os.getpid() != self.pid:
@@ -160,7 +170,8 @@ class Session:
             from ..capture.live import capture_exception
 
             dead = self._dead_workers(patient=isinstance(exc, (ConnectionError, EOFError)))
-            log_lines = list(self.warnings.lines) + self._worker_crash_lines() + [line for _, line in dead]
+            log_lines = self._kernel_assertions(exc) + list(self.warnings.lines) + self._worker_crash_lines()
+            log_lines += [line for _, line in dead]
             log_lines += self._nonfinite_history(TRACKER, exc)
             live = capture_exception(exc, tb, tracker=TRACKER, thread_name=thread_name, exit_code=exit_code, log_lines=log_lines)
             if dead:
