@@ -235,6 +235,29 @@ def test_fatal_signal_in_c(tmp_path: Path, name: str, body: str, signame: str) -
     assert (tmp_path / "out" / "crash.txt").exists()
 
 
+def test_a_native_abort_is_explained_by_the_lines_it_wrote_to_the_stderr_log(tmp_path: Path) -> None:
+    # c10's terminate handler writes the error to stderr and aborts; a job's log file holds it (a terminal or pipe
+    # does not give it back). The log's lines from before the run (another run's) are not this run's.
+    write(tmp_path, "abort.py", """\
+        import os
+        os.write(2, b"terminate called after throwing an instance of 'c10::Error'\\n"
+                    b"  what():  CUDA error: device-side assert triggered (insert_events at "
+                    b"/pytorch/c10/cuda/CUDACachingAllocator.cpp:569)\\n")
+        os.abort()
+    """)
+    log = tmp_path / "job.log"
+    log.write_text("[rank0]:[E816 01:45:40.183009389 ProcessGroupNCCL.cpp:607] an earlier run's error\n")
+    with open(log, "a") as stderr:
+        result = subprocess.run([sys.executable, "-m", "triage", "--report-dir", "out", "abort.py"], cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=stderr, timeout=TIMEOUT, env=_env())
+    assert result.returncode == -signal.SIGABRT
+    data = report(tmp_path / "out")
+    lines = data["incident"]["log_lines"]
+    assert "terminate called after throwing an instance of 'c10::Error'" in lines
+    assert not any("an earlier run" in line for line in lines)
+    assert data["diagnoses"][0]["rule"] == "cuda-assert.device-side-assert-in-log"
+
+
 def test_sigkill_of_the_script_reports_last_state(tmp_path: Path) -> None:
     script = write(tmp_path, "oom.py", """\
         import os, signal, time

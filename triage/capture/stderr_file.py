@@ -7,8 +7,11 @@ assert triggered", and the line that names the check never reaches a traceback. 
 stderr is a regular file (`python -m triage train.py > train.log 2>&1`, a batch job's
 log), the lines the run wrote there can be read back at the failure: only what it wrote
 since it started (an appended log's earlier runs are not this run), the last
-READ_BYTES of it, and only the kinds of line rules read. On a terminal or a pipe there
-is nothing to read back. Standard library only; Linux (the path of fd 2 from /proc).
+READ_BYTES of it, and only the kinds of line rules read. The same holds for a native
+crash: `terminate called after throwing an instance of 'c10::Error'` and its `what():`,
+or NCCL's watchdog error line, are written to stderr just before the abort. On a
+terminal or a pipe there is nothing to read back. Standard library only (the supervising
+parent reads it too); Linux (the path of fd 2 from /proc).
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass
 
 READ_BYTES = 256 * 1024  # of the file's end: a kernel assertion prints one line per failing GPU thread
 MAX_LINES = 8
@@ -24,14 +26,20 @@ MAX_LINES = 8
 # block: [0,0,0], thread: [1,0,0] Assertion `t >= 0 && t < n_classes` failed.`
 KERNEL_ASSERTION = re.compile(r"^\S+\.(?:cu|cuh):\d+: .*Assertion `.+` failed\.?\s*$")
 _BLOCK_THREAD = re.compile(r"block: \[[\d,]+\], thread: \[[\d,]+\] ")
+# What a native failure writes before the process aborts: C++'s terminate handler with the c10::Error's what(),
+# and glog-style error lines (`[E816 01:45:40.183009389 ProcessGroupNCCL.cpp:607] [Rank 7] Watchdog caught ...`,
+# under torchrun prefixed `[rank7]:`).
+NATIVE_FAILURE = re.compile(r"^(?:terminate called after throwing an instance of |\s*what\(\):\s|"
+                            r"(?:\[rank\d+\]:)?\[[EF]\d{4} )")
 
 
-@dataclass(frozen=True)
 class StderrFile:
     """The regular file fd 2 wrote to when the run started, and its size then."""
 
-    path: str
-    start: int
+    __slots__ = ("path", "start")
+
+    def __init__(self, path: str, start: int) -> None:
+        self.path, self.start = path, start
 
     @classmethod
     def at_start(cls) -> StderrFile | None:
@@ -47,6 +55,20 @@ class StderrFile:
     def kernel_assertions(self) -> list[str]:
         """The distinct kernel assertions written since the run started (one line each, block and thread numbers
         aside), oldest first; empty when the file cannot be read."""
+        found: dict[str, str] = {}
+        for line in self._lines():
+            if KERNEL_ASSERTION.match(line):
+                found.setdefault(_BLOCK_THREAD.sub("", line), line)
+        return list(found.values())[:MAX_LINES]
+
+    def native_failure(self) -> list[str]:
+        """The lines a native failure wrote before the process died: the kernel assertions, then the last
+        MAX_LINES of C++ terminate / glog error lines, oldest first."""
+        failing = [line for line in self._lines() if NATIVE_FAILURE.match(line)]
+        return self.kernel_assertions() + failing[-MAX_LINES:]
+
+    def _lines(self) -> list[str]:
+        """The lines written since the run started, at most the last READ_BYTES of them."""
         try:
             with open(self.path, "rb") as handle:
                 end = handle.seek(0, os.SEEK_END)
@@ -57,8 +79,5 @@ class StderrFile:
                 text = handle.read(end - begin).decode("utf-8", "replace")
         except OSError:
             return []
-        found: dict[str, str] = {}
-        for line in text.splitlines()[1 if begin > self.start else 0:]:  # a window's first line may be cut
-            if KERNEL_ASSERTION.match(line):
-                found.setdefault(_BLOCK_THREAD.sub("", line), line.rstrip())
-        return list(found.values())[:MAX_LINES]
+        lines = text.splitlines()[1 if begin > self.start else 0:]  # a window's first line may be cut
+        return [line.rstrip() for line in lines]

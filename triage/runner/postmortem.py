@@ -21,6 +21,7 @@ from functools import lru_cache
 
 from ..capture.environment import launcher_rank, relevant_env_vars
 from ..capture.faultdump import Dump, format_stack, parse_dumps, without_hidden_frames
+from ..capture.stderr_file import StderrFile
 from ..incident import ExceptionInfo, Frame, Incident
 from .channel import (CRASH_DUMP, DUMP_SIGNAL, ENVIRONMENT, STACK_DUMP, STATUS, WORKERS, Beat, Channel,
                       dump_ready_marker)
@@ -342,8 +343,10 @@ def _note_death_at_exit(incident: Incident, name: str, status: dict) -> None:
     incident.log_lines.append(line)
 
 
-def crash_incident(channel: Channel, signum: int, oom_before: int | None, oom_after: int | None) -> tuple[Incident, dict[str, str]]:
-    """A `hard-crash` Incident from the faulthandler dump (if the signal allowed one) and the last heartbeat."""
+def crash_incident(channel: Channel, signum: int, oom_before: int | None, oom_after: int | None,
+                   stderr_file: StderrFile | None = None) -> tuple[Incident, dict[str, str]]:
+    """A `hard-crash` Incident from the faulthandler dump (if the signal allowed one), the native failure's lines in
+    the stderr log (if stderr is one) and the last heartbeat."""
     name = signal.Signals(signum).name
     beat = channel.read_beat()
     raw = channel.read_text(CRASH_DUMP)
@@ -363,6 +366,8 @@ def crash_incident(channel: Channel, signum: int, oom_before: int | None, oom_af
             incident.facts["other_threads"] = [{"thread": hex(t.ident or 0), "stack": format_stack(t.frames)} for t in others]
     if raw.strip():
         texts["crash.txt"] = without_hidden_frames(raw)
+    if stderr_file is not None:
+        incident.log_lines.extend(stderr_file.native_failure())
     if SHELL_WORDS.get(name):
         incident.log_lines.append(SHELL_WORDS[name])
     status = channel.read_json(STATUS) or {}

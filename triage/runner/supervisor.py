@@ -50,6 +50,7 @@ class Supervisor:
         self._last_change = time.monotonic()
         self._reported_seq: int | None = None
         self._oom_before: int | None = None
+        self._stderr_file = None  # the log file stderr goes to: a native crash's last words are read back from it
         self.config_for_reports: dict = {}
         self._receipts_fd = -1
         self._receipts: deque[tuple[int, float]] = deque()  # (signal, when read) the child reported receiving
@@ -84,6 +85,9 @@ class Supervisor:
         watched = {signal.SIGCHLD} | {sig for sig in FORWARDED_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
         previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
         self._oom_before = oom_kill_count()
+        from ..capture.stderr_file import StderrFile
+
+        self._stderr_file = StderrFile.at_start()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         parent = os.getpid()
@@ -267,7 +271,7 @@ class Supervisor:
         from .postmortem import crash_incident
 
         started = time.monotonic()
-        incident, texts = crash_incident(self.channel, signum, self._oom_before, oom_kill_count())
+        incident, texts = crash_incident(self.channel, signum, self._oom_before, oom_kill_count(), self._stderr_file)
         dump = texts.get("crash.txt", "").strip()
         if dump:
             sys.stderr.write(dump + "\n")
