@@ -494,5 +494,7 @@ def _host_oom(ctx: ProbeContext, figures: dict[str, int]) -> ProbeResult:
         hint = (" — more than the machine's entire memory: the size itself is wrong (check the shape being "
                 "created, e.g. a dimension multiplied instead of added)") if total and tried > total else ""
         return result(NAME, "confirmed", "; ".join(parts) + hint + fixes, **facts)
-    status = "inconclusive" if not (tried and available) else "refuted"
+    # Kept graphs that hold most of the process's memory confirm what filled it, whatever is free by now.
+    status = ("confirmed" if kept_facts.get("graphs_kept_across_batches") else
+              "inconclusive" if not (tried and available) else "refuted")
     return result(NAME, status, "; ".join(parts) + fixes, **facts)
