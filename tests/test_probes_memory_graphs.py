@@ -40,7 +40,8 @@ def _small_card_oom(allocated: float) -> str:
 
 def _model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(FEATURES, WIDTH), nn.GELU(), nn.Linear(WIDTH, WIDTH), nn.GELU(), nn.Linear(WIDTH, 10))
+    return nn.Sequential(nn.Linear(FEATURES, WIDTH), nn.GELU(), nn.Linear(WIDTH, WIDTH), nn.GELU(),
+                         nn.Linear(WIDTH, 10))
 
 
 def _weights(model: nn.Module) -> int:
@@ -87,6 +88,13 @@ def _train_one_step(model: nn.Module, message: str) -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+
+
+def _two_views_step(model: nn.Module, message: str) -> None:
+    anchor, positive = torch.randn(BATCH, FEATURES), torch.randn(BATCH, FEATURES)
+    difference = model(anchor) - model(positive)  # one step, two forwards through the same weights
+    if difference.requires_grad:
+        raise torch.OutOfMemoryError(message)  # the contrastive loss on top of them
 
 
 def _context(exc: BaseException, model: nn.Module) -> ProbeContext:
@@ -154,6 +162,14 @@ def test_one_training_step_that_fills_the_card_is_not_blamed_on_kept_graphs():
     assert "reduce the batch from 64" in outcome.detail
     diagnosis = _leading_oom_diagnosis(message, outcome)
     assert diagnosis.cause == "oom.gpu-out-of-memory/batch-too-large-for-gpu"
+
+
+def test_one_step_with_two_forwards_through_the_same_model_is_not_kept_across_batches():
+    model = _model()
+    _, outcome = _run(_two_views_step, model, _small_card_oom(_weights(model) + 2 * ONE_PASS_BYTES * 1.1))
+    graph = outcome.facts["kept_graph"]
+    assert graph["variable"] == "difference" and graph["passes"] == 2 and graph["share"] > 0.3
+    assert outcome.facts["graphs_kept_across_batches"] is False
 
 
 def test_graphs_that_hold_little_of_the_memory_do_not_choose_the_cause():
@@ -232,7 +248,8 @@ def test_an_allocation_larger_than_any_free_memory_gets_no_batch_size_fix():
     assert "no batch size fits, not even 1" in outcome.detail
     assert not any("batch" in fix and "reduce" in fix for fix in outcome.facts["fixes"])
     line = _attention.__code__.co_firstlineno + 1
-    assert outcome.facts["fixes"][0].startswith(f"split the operation at {__file__}:{line} (`scores = _on_the_full_card(q @ k.")
+    first = outcome.facts["fixes"][0]
+    assert first.startswith(f"split the operation at {__file__}:{line} (`scores = _on_the_full_card(q @ k.")
     assert "scaled_dot_product_attention" in outcome.facts["fixes"][1]
     assert outcome.facts["fixes"][2].startswith("shorten the inputs")
     assert len(outcome.facts["fixes"]) == 3  # half precision would still need 128 GiB: not offered
@@ -240,8 +257,8 @@ def test_an_allocation_larger_than_any_free_memory_gets_no_batch_size_fix():
 
 def test_one_sample_larger_than_the_card_gets_checkpointing_not_a_smaller_batch():
     message = ("CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 8.00 GiB of which "
-               "400.00 MiB is free. Of the allocated memory 7.50 GiB is allocated by PyTorch, and 20.00 MiB is reserved "
-               "by PyTorch but unallocated.")
+               "400.00 MiB is free. Of the allocated memory 7.50 GiB is allocated by PyTorch, and 20.00 MiB is "
+               "reserved by PyTorch but unallocated.")
     info = ExceptionInfo("torch.OutOfMemoryError", message)
     ctx = ProbeContext(incident=Incident(source="run", exception=info, exceptions=[info]), batch=torch.zeros(1, 3))
     outcome = memory_breakdown(ctx)
@@ -256,3 +273,20 @@ def test_every_oom_rule_with_live_evidence_has_the_kept_graphs_cause(rule):
     kb = load_paths([OOM_RULES])
     causes = [c.id for c in next(r for r in kb.rules if r.id == rule).causes]
     assert "graphs-kept-across-batches" in causes
+
+
+def test_weights_and_optimizer_state_that_fill_the_card_get_no_batch_size_fix():
+    model = nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 256))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 256)).sum().backward()
+    optimizer.step()  # weights, gradients and two Adam moments: 4 x 514 KiB
+    message = ("CUDA out of memory. Tried to allocate 64.00 KiB. GPU 0 has a total capacity of 2.00 MiB of which "
+               "10.00 KiB is free. Of the allocated memory 1.95 MiB is allocated by PyTorch, and 0 bytes is reserved "
+               "by PyTorch but unallocated.")
+    info = ExceptionInfo("torch.OutOfMemoryError", message)
+    ctx = ProbeContext(incident=Incident(source="run", exception=info, exceptions=[info]), model=model,
+                       optimizer=optimizer, batch=torch.zeros(4, 256))
+    outcome = memory_breakdown(ctx)
+    assert "the weights, gradients and optimizer state alone take 2.01 MiB of the 2.00 MiB card" in outcome.detail
+    assert outcome.facts["fixes"][0].startswith("load less model onto the card")
+    assert outcome.facts["fixes"][1].startswith("hold less optimizer state (1.00 MiB)")

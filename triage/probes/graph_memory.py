@@ -102,8 +102,8 @@ class GraphWalk:
 
     @property
     def passes(self) -> int:
-        """How many forward passes the graphs span: the fewest uses of any parameter they reach (one forward uses each
-        weight once; the losses of 40 batches summed into one tensor use it 40 times). 0 when no parameter is reached."""
+        """How many forward passes the graphs span: the fewest uses of any parameter they reach (one forward uses
+        each weight once; the losses of 40 batches summed into one tensor use it 40 times). 0 when none is reached."""
         return min(self.parameter_uses.values(), default=0)
 
 

@@ -293,6 +293,8 @@ def _fixes(figures: dict[str, int], held: Holdings, batch: int | None,
     per_sample = None
     if batch and capacity and tried and allocated + tried - static > 0:
         per_sample = (allocated + tried - static) / batch
+    if capacity and room <= 0:
+        return _model_state_fixes(held, capacity)
     if capacity and tried and (tried > room or (per_sample is not None and per_sample > room)):
         return _one_sample_fixes(tried, per_sample, room, held, location)
     fragmented = None
@@ -351,6 +353,21 @@ def _one_sample_fixes(tried: int, per_sample: float | None, room: float, held: H
     if held.dtype in (torch.float32, None) and need / 2 <= room:
         fixes.append("train in mixed precision (torch.autocast with bfloat16/float16): it halves activations, "
                      f"≈ {human(need / 2)}, which would fit")
+    return fixes, 0, note
+
+
+def _model_state_fixes(held: Holdings, capacity: int) -> tuple[list[str], int, str]:
+    """When the weights, gradients and optimizer state alone fill the card, no batch size fits: hold less state."""
+    note = (f"the weights, gradients and optimizer state alone take {human(held.static)} of the {human(capacity)} "
+            f"card: no batch size fits, not even 1")
+    fixes = ["load less model onto the card: half precision (bfloat16/float16 weights), a smaller or quantised "
+             "variant, or offload part of it to the CPU"]
+    if held.optimizer:
+        fixes.append(f"hold less optimizer state ({human(held.optimizer)}): a lighter optimizer (SGD, Adafactor, "
+                     "8-bit Adam) or sharding it across GPUs (ZeRO / FSDP)")
+    if held.gradients:
+        fixes.append("free gradients between steps (`optimizer.zero_grad(set_to_none=True)`) and do not keep "
+                     "gradients of frozen parameters (`requires_grad_(False)`)")
     return fixes, 0, note
 
 
@@ -446,8 +463,8 @@ def _kept_sentence(graph: dict[str, Any]) -> str:
     at_least = "" if graph["complete"] else "at least "
     return (f"`{graph['variable']}` ({graph['where']}) keeps autograd graphs that span {at_least}{graph['passes']} "
             f"forward passes and hold {at_least}{graph['held']} of saved tensors, {graph['share']:.0%} of the "
-            f"{graph['in_use']} {graph['in_use_word']}: every batch's graph stays alive because no backward() frees it, so "
-            f"memory grows batch after batch")
+            f"{graph['in_use']} {graph['in_use_word']}: every batch's graph stays alive because no backward() frees "
+            f"it, so memory grows batch after batch")
 
 
 def _kept_graph_fixes(graph: dict[str, Any]) -> list[str]:
