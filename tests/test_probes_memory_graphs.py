@@ -208,6 +208,25 @@ def test_the_walk_counts_each_storage_once_and_stops_at_its_node_budget():
     assert cpu_only.held_bytes == 0 and cpu_only.passes == 5  # another device's storages are not this card's
 
 
+def test_the_walk_never_unpacks_what_a_saved_tensor_hook_packed():
+    unpacked = []
+
+    def pack(tensor):
+        return "offloaded", tensor.detach().clone()  # a copy, as save_on_cpu and offloaders keep
+
+    def unpack(packed):
+        unpacked.append(packed)  # on a GPU: a copy of the activation back onto the full card
+        return packed[1]
+
+    model = _model()
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        loss = model(torch.randn(BATCH, FEATURES)).sum()
+    walk = walk_graphs([loss.grad_fn], model_storages())
+    assert unpacked == []
+    assert walk.held_bytes >= ONE_PASS_BYTES  # the packed copies, counted where they live
+    assert walk.passes == 1
+
+
 def test_a_graph_freed_by_backward_holds_nothing():
     model = _model()
     loss = model(torch.randn(BATCH, FEATURES)).sum()

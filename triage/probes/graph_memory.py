@@ -155,21 +155,29 @@ def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:
 
 # node type -> the names of its saved-tensor attributes (read once per type, not with dir() on every node)
 _SAVED_ATTRIBUTES: dict[type, tuple[str, ...]] = {}
+# SavedTensor.data reads what was stored without unpacking it (torch >= 2.4); older torch is read through `_saved_*`
+_RAW_READABLE = hasattr(torch._C._autograd, "SavedTensor") and hasattr(torch._C._autograd.SavedTensor, "data")
 
 
 def _saved_tensors(node: Any) -> list[torch.Tensor]:
-    """The tensors a node saved for backward: `_saved_*` of built-in nodes, `saved_tensors` of custom Functions."""
+    """The tensors a node saved for backward, as they are stored. Under a saved-tensor hook (`save_on_cpu`, an
+    offloader) that is the hook's packed value, counted where it lives; its unpack hook is never called, since
+    unpacking could copy every saved activation back to the device."""
     kind = type(node)
     names = _SAVED_ATTRIBUTES.get(kind)
     if names is None:
-        names = _SAVED_ATTRIBUTES[kind] = tuple(a for a in dir(kind) if a.startswith("_saved_") or a == "saved_tensors")
-    found = []
+        prefix = "_raw_saved_" if _RAW_READABLE else "_saved_"
+        names = _SAVED_ATTRIBUTES[kind] = tuple(a for a in dir(kind) if a.startswith(prefix))
+    found: list[torch.Tensor] = []
     for attribute in names:
         try:
             value = getattr(node, attribute)
+            items = value if isinstance(value, (tuple, list)) else (value,)
+            stored = [item.data for item in items] if _RAW_READABLE else list(items)
         except Exception:  # freed by a backward already run, or not readable
             continue
-        for tensor in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
-                found.append(tensor)
+        for item in stored:
+            for tensor in item if isinstance(item, (tuple, list)) else (item,):
+                if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
+                    found.append(tensor)
     return found
