@@ -129,7 +129,7 @@ def _leading_oom_diagnosis(message: str, outcome):
 
 def test_validation_graphs_kept_across_batches_are_named_with_their_passes_and_memory():
     model = _model()
-    # the card is filled by the weights (4.16 MiB), 12 batches' graphs (12.09 MiB) and a little else
+    # the card is filled by the weights (4.17 MiB), 12 batches' graphs (12.09 MiB) and a little else
     message = _small_card_oom(_weights(model) + BATCHES * ONE_PASS_BYTES * 1.1)
     exc, outcome = _run(_validate_without_no_grad, model, BATCHES, message)
     graph = outcome.facts["kept_graph"]
