@@ -7,6 +7,7 @@ raised at the same line with the allocator's own wording, scaled to the small te
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,15 @@ from triage.probes import memory_breakdown as breakdown
 from triage.probes.context import ProbeContext
 from triage.probes.graph_memory import model_storages, walk_graphs
 from triage.probes.memory_breakdown import memory_breakdown
+
+@pytest.fixture(autouse=True)
+def _collect_the_failures():
+    """Reading a frame's locals (frame.f_locals) stores a snapshot of them on the frame, and the frame that caught the
+    error then holds its exception, whose traceback holds the frame: a reference cycle that keeps this test's graphs
+    alive until the garbage collector runs. Collect it, so that later tests' scans of live tensors do not meet them."""
+    yield
+    gc.collect()
+
 
 OOM_RULES = Path(__file__).resolve().parents[1] / "knowledge_base" / "oom.yaml"
 BATCH, FEATURES, WIDTH, BATCHES = 64, 32, 1024, 12
@@ -97,21 +107,24 @@ def _two_views_step(model: nn.Module, message: str) -> None:
         raise torch.OutOfMemoryError(message)  # the contrastive loss on top of them
 
 
-def _context(exc: BaseException, model: nn.Module) -> ProbeContext:
+def _context(exc: BaseException, model: nn.Module, library_frames: int, **fields) -> ProbeContext:
+    """The context the runner builds at the failure, `library_frames` innermost frames standing for torch's."""
     frames, tb = [], exc.__traceback__
     while tb is not None:
         frames.append((tb.tb_frame, tb.tb_lineno))
         tb = tb.tb_next
     info = ExceptionInfo("torch.OutOfMemoryError", str(exc))
+    fields = {"model_args": (torch.zeros(BATCH, FEATURES),), **fields}
     return ProbeContext(incident=Incident(source="run", exception=info, exceptions=[info]), exception=exc,
-                        model=model, model_args=(torch.zeros(BATCH, FEATURES),), frames=frames)
+                        model=model, frames=frames[: len(frames) - library_frames], **fields)
 
 
-def _run(fn, model: nn.Module, *args) -> tuple:
+def _run(fn, model: nn.Module, *args, library_frames: int = 0, **fields):
+    """memory_breakdown at the out-of-memory error fn raises."""
     try:
         fn(model, *args)
     except torch.OutOfMemoryError as exc:
-        return exc, memory_breakdown(_context(exc, model))
+        return memory_breakdown(_context(exc, model, library_frames, **fields))
     raise AssertionError("expected the out-of-memory error")
 
 
@@ -131,7 +144,7 @@ def test_validation_graphs_kept_across_batches_are_named_with_their_passes_and_m
     model = _model()
     # the card is filled by the weights (4.17 MiB), 12 batches' graphs (12.09 MiB) and a little else
     message = _small_card_oom(_weights(model) + BATCHES * ONE_PASS_BYTES * 1.1)
-    exc, outcome = _run(_validate_without_no_grad, model, BATCHES, message)
+    outcome = _run(_validate_without_no_grad, model, BATCHES, message)
     graph = outcome.facts["kept_graph"]
     assert graph["variable"] == "total"
     assert graph["where"] == f"{__file__}:{_validate_without_no_grad.__code__.co_firstlineno + 6}"  # total = ...
@@ -154,7 +167,7 @@ def test_validation_graphs_kept_across_batches_are_named_with_their_passes_and_m
 def test_one_training_step_that_fills_the_card_is_not_blamed_on_kept_graphs():
     model = _model()
     message = _small_card_oom(2 * _weights(model) + ONE_PASS_BYTES * 1.1)  # weights, gradients and one step
-    _, outcome = _run(_train_one_step, model, message)
+    outcome = _run(_train_one_step, model, message)
     graph = outcome.facts["kept_graph"]
     assert graph["variable"] == "out" and graph["passes"] == 1  # the step's own graph: most of the memory, one pass
     assert graph["share"] > 0.1
@@ -166,7 +179,7 @@ def test_one_training_step_that_fills_the_card_is_not_blamed_on_kept_graphs():
 
 def test_one_step_with_two_forwards_through_the_same_model_is_not_kept_across_batches():
     model = _model()
-    _, outcome = _run(_two_views_step, model, _small_card_oom(_weights(model) + 2 * ONE_PASS_BYTES * 1.1))
+    outcome = _run(_two_views_step, model, _small_card_oom(_weights(model) + 2 * ONE_PASS_BYTES * 1.1))
     graph = outcome.facts["kept_graph"]
     assert graph["variable"] == "difference" and graph["passes"] == 2 and graph["share"] > 0.3
     assert outcome.facts["graphs_kept_across_batches"] is False
@@ -175,7 +188,7 @@ def test_one_step_with_two_forwards_through_the_same_model_is_not_kept_across_ba
 def test_graphs_that_hold_little_of_the_memory_do_not_choose_the_cause():
     model = _model()
     message = _small_card_oom(_weights(model) + BATCHES * ONE_PASS_BYTES * 4)  # something else holds most
-    _, outcome = _run(_validate_without_no_grad, model, BATCHES, message)
+    outcome = _run(_validate_without_no_grad, model, BATCHES, message)
     assert outcome.facts["kept_graph"]["passes"] == BATCHES
     assert outcome.facts["graphs_kept_across_batches"] is False
     assert _leading_oom_diagnosis(message, outcome).cause == "oom.gpu-out-of-memory/batch-too-large-for-gpu"
@@ -187,7 +200,7 @@ def test_kept_graphs_on_the_host_are_measured_against_the_resident_memory(monkey
     monkeypatch.setattr(breakdown, "_resident_bytes", lambda: int(_weights(model) + kept * 1.25))
     host_oom = ("[enforce fail at alloc_cpu.cpp:117] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
                 "to allocate 4194304 bytes. Error code 12 (Cannot allocate memory)")
-    _, outcome = _run(_validate_without_no_grad, model, BATCHES, host_oom)
+    outcome = _run(_validate_without_no_grad, model, BATCHES, host_oom)
     assert outcome.facts["graphs_kept_across_batches"] is True
     assert outcome.status == "confirmed"  # what filled the memory, though this host has room for 4 MiB by now
     assert outcome.facts["kept_graph"]["in_use_word"] == "resident in this process"
@@ -247,7 +260,7 @@ def _on_the_full_card(scores):
     raise torch.OutOfMemoryError(ATTENTION_OOM)  # what the 65,536-token run's scores asked for
 
 
-def _attention(q, k):
+def _attention(model, q, k):
     scores = _on_the_full_card(q @ k.transpose(-2, -1))
     return scores
 
@@ -255,13 +268,9 @@ def _attention(q, k):
 def test_an_allocation_larger_than_any_free_memory_gets_no_batch_size_fix():
     model = nn.Sequential(nn.Embedding(1000, 32), nn.Linear(32, 32))
     tokens = torch.randint(0, 1000, (2, 512))
-    try:
-        _attention(torch.randn(2, 8, 512, 4), torch.randn(2, 8, 512, 4))
-    except torch.OutOfMemoryError as exc:
-        ctx = _context(exc, model)
-    ctx.frames = ctx.frames[:-1]  # on the GPU the allocation fails inside torch, whose frames are not the user's
-    ctx.model_args = (tokens,)
-    outcome = memory_breakdown(ctx)
+    # on the GPU the allocation fails inside torch, whose frames are not the user's
+    outcome = _run(_attention, model, torch.randn(2, 8, 512, 4), torch.randn(2, 8, 512, 4), library_frames=1,
+                   model_args=(tokens,))
     assert outcome.status == "confirmed"
     assert "that one allocation (255.99 GiB) is more than the 71.26 GiB the card can free" in outcome.detail
     assert "no batch size fits, not even 1" in outcome.detail
