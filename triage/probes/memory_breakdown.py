@@ -3,19 +3,27 @@
 The figures in the OOM message (tried to allocate, capacity, free, allocated,
 reserved) are combined with live ones: the CUDA allocator's counters when CUDA
 is up (an OOM does not poison the context), parameters, gradients, optimizer
-state and the largest live tensors. From the activation memory per sample it
-estimates the batch size that fits and ranks the fixes.
+state and the largest live tensors. It walks the autograd graphs that the
+failing frames' variables and the script's globals keep (graph_memory's walk):
+graphs that span many forward passes and hold most of the memory in use are
+memory kept across batches (an evaluation loop without `torch.no_grad()` that
+sums loss tensors), which no batch size fixes. Otherwise, from the activation
+memory per sample it estimates the batch size that fits, and says so when one
+sample alone cannot fit, then ranks the fixes.
 """
 
 from __future__ import annotations
 
 import gc
+import itertools
+import linecache
 import math
 import re
 import resource
+import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -23,6 +31,7 @@ from torch import nn
 from ..diagnosis import ProbeResult
 from ._support import describe, iter_tensors, result
 from .context import ProbeContext
+from .graph_memory import MAX_NODES, GraphWalk, model_storages, walk_graphs
 
 NAME = "memory_breakdown"
 _UNITS = {"b": 1, "bytes": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
@@ -208,11 +217,14 @@ def memory_breakdown(ctx: ProbeContext) -> ProbeResult:
     for key in ("capacity", "allocated", "reserved"):
         if live.get(key):
             figures.setdefault(key, live[key])
-    held = _holdings(ctx, "cuda" if live else None)
+    device_type = "cuda" if live else None
+    held = _holdings(ctx, device_type)
     batch = _batch_size(ctx)
+    kept = _kept_graph(ctx, device_type)
+    kept_facts = _kept_facts(kept, figures.get("allocated") or figures.get("reserved"), "allocated by PyTorch")
     facts: dict[str, Any] = {"figures": figures, "live": live, "parameters": held.parameters,
                              "gradients": held.gradients, "optimizer_state": held.optimizer,
-                             "largest_tensors": held.largest, "batch_size": batch,
+                             "largest_tensors": held.largest, "batch_size": batch, **kept_facts,
                              "diagnosis_values": {k: v for k, v in values.items() if isinstance(v, (str, int, float))}}
     parts = []
     if figures.get("tried"):
@@ -227,7 +239,13 @@ def memory_breakdown(ctx: ProbeContext) -> ProbeResult:
     if held.static:
         parts.append(f"parameters {human(held.parameters)}, gradients {human(held.gradients)}, optimizer state "
                      f"{human(held.optimizer)}")
-    fixes, fit = _fixes(figures, held, batch)
+    if kept_facts.get("graphs_kept_across_batches"):
+        parts.append(_kept_sentence(kept_facts["kept_graph"]))
+        fixes, fit, note = _kept_graph_fixes(kept_facts["kept_graph"]), None, ""
+    else:
+        fixes, fit, note = _fixes(figures, held, batch, _failing_line(ctx))
+    if note:
+        parts.append(note)
     facts["fixes"] = fixes
     if fit is not None:
         facts["batch_size_estimate"] = fit
@@ -247,12 +265,38 @@ def _status(figures: dict[str, int]) -> str:
     return "confirmed" if tried > free else "refuted"
 
 
-def _fixes(figures: dict[str, int], held: Holdings, batch: int | None) -> tuple[list[str], int | None]:
+def _failing_line(ctx: ProbeContext) -> str:
+    """`file:line` (with its code) of the innermost user frame at the failure, or ''."""
+    if not ctx.frames:
+        return ""
+    frame, line = ctx.frames[-1]
+    filename = frame.f_code.co_filename
+    code = linecache.getline(filename, line).strip()
+    return f"{filename}:{line}" + (f" (`{code}`)" if code else "")
+
+
+# Of the card, what a step may plan to use: the CUDA context, the allocator's rounding and fragmentation take the rest.
+USABLE_SHARE = 0.9
+
+
+def _fixes(figures: dict[str, int], held: Holdings, batch: int | None,
+           location: str = "") -> tuple[list[str], int | None, str]:
+    """The fixes, best first; the batch size estimated to fit; and a note for the detail when no batch size fits."""
     fixes: list[str] = []
     fit = None
     tried, capacity = figures.get("tried", 0), figures.get("capacity", 0)
     allocated = figures.get("allocated", 0)
     unallocated = figures.get("unallocated", max(figures.get("reserved", 0) - allocated, 0))
+    static = held.static
+    # What can be free for one step: the card less the weights, gradients and optimizer state, which stay.
+    room = capacity * USABLE_SHARE - static if capacity else 0
+    per_sample = None
+    if batch and capacity and tried and allocated + tried - static > 0:
+        per_sample = (allocated + tried - static) / batch
+    if capacity and room <= 0:
+        return _model_state_fixes(held, capacity)
+    if capacity and tried and (tried > room or (per_sample is not None and per_sample > room)):
+        return _one_sample_fixes(tried, per_sample, room, held, location)
     fragmented = None
     if unallocated and tried and unallocated >= tried:
         fragmented = (f"memory is fragmented ({human(unallocated)} reserved but unallocated, more than the "
@@ -261,17 +305,13 @@ def _fixes(figures: dict[str, int], held: Holdings, batch: int | None) -> tuple[
     shortage = bool(capacity) and allocated + tried > 0.95 * capacity
     if fragmented and not shortage:
         fixes.append(fragmented)
-    if batch and capacity and tried:
-        static = held.static if held.static else 0
-        activations = allocated + tried - static
-        if activations > 0:
-            per_sample = activations / batch
-            fit = max(int((capacity * 0.9 - static) // per_sample), 0)
-            if fit < batch:
-                steps = math.ceil(batch / max(fit, 1))
-                fixes.append(f"reduce the batch from {batch} to about {max(fit, 1)} (activations ≈ "
-                             f"{human(per_sample)} per sample) and accumulate gradients over {steps} steps to keep "
-                             f"the effective batch size")
+    if per_sample is not None:
+        fit = max(int(room // per_sample), 0)
+        if fit < batch:
+            steps = math.ceil(batch / max(fit, 1))
+            fixes.append(f"reduce the batch from {batch} to about {max(fit, 1)} (activations ≈ "
+                         f"{human(per_sample)} per sample) and accumulate gradients over {steps} steps to keep "
+                         f"the effective batch size")
     if fragmented and shortage:
         fixes.append(fragmented)
     if held.dtype in (torch.float32, None):
@@ -282,7 +322,166 @@ def _fixes(figures: dict[str, int], held: Holdings, batch: int | None) -> tuple[
                      "parameters): consider a lighter optimizer or sharding it")
     if not any("expandable_segments" in f for f in fixes) and unallocated:
         fixes.append("if reserved-but-unallocated memory grows, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
-    return fixes, fit
+    return fixes, fit, ""
+
+
+def _one_sample_fixes(tried: int, per_sample: float | None, room: float, held: Holdings,
+                      location: str) -> tuple[list[str], int, str]:
+    """When one sample alone (or the one failed allocation) needs more than the card can free beside the weights and
+    optimizer state, no batch size fits: the fixes that can work make the operation itself smaller."""
+    need = max(tried, per_sample or 0)
+    room_text = f"the {human(max(room, 0))} the card can free beside the weights, gradients and optimizer state"
+    if tried > room:
+        note = (f"that one allocation ({human(tried)}) is more than {room_text}: no batch size fits, not even 1, "
+                f"so the operation that asks for it must get smaller")
+    else:
+        note = (f"one sample alone needs ≈ {human(per_sample or 0)} of activations, more than {room_text}: no batch "
+                f"size fits, not even 1")
+    at = f" at {location}" if location else ""
+    fixes = []
+    if tried > room:
+        fixes.append(f"split the operation{at} into tiles/chunks (a loop over blocks of rows, queries, frames or "
+                     f"patches that keeps only what it needs of each) so that it never materialises {human(tried)} "
+                     f"at once")
+    else:
+        fixes.append("use activation checkpointing (torch.utils.checkpoint) on the largest blocks: one sample's "
+                     "activations are then recomputed in backward instead of all kept")
+    fixes.append("for attention, use a memory-efficient kernel (torch.nn.functional.scaled_dot_product_attention, "
+                 "xformers): it never materialises the length × length score matrix")
+    fixes.append("shorten the inputs (a shorter sequence or context window, a lower resolution, crops): the memory "
+                 "grows with the input size, not the batch")
+    if held.dtype in (torch.float32, None) and need / 2 <= room:
+        fixes.append("train in mixed precision (torch.autocast with bfloat16/float16): it halves activations, "
+                     f"≈ {human(need / 2)}, which would fit")
+    return fixes, 0, note
+
+
+def _model_state_fixes(held: Holdings, capacity: int) -> tuple[list[str], int, str]:
+    """When the weights, gradients and optimizer state alone fill the card, no batch size fits: hold less state."""
+    note = (f"the weights, gradients and optimizer state alone take {human(held.static)} of the {human(capacity)} "
+            f"card: no batch size fits, not even 1")
+    fixes = ["load less model onto the card: half precision (bfloat16/float16 weights), a smaller or quantised "
+             "variant, or offload part of it to the CPU"]
+    if held.optimizer:
+        fixes.append(f"hold less optimizer state ({human(held.optimizer)}): a lighter optimizer (SGD, Adafactor, "
+                     "8-bit Adam) or sharding it across GPUs (ZeRO / FSDP)")
+    if held.gradients:
+        fixes.append("free gradients between steps (`optimizer.zero_grad(set_to_none=True)`) and do not keep "
+                     "gradients of frozen parameters (`requires_grad_(False)`)")
+    return fixes, 0, note
+
+
+# A variable's autograd graphs that span at least this many forward passes and hold at least this share of the memory
+# in use are memory kept across batches. Two or three passes in one graph are ordinary within one step (two views
+# through the same model, a student and teacher sharing layers), so the bar sits above them.
+MANY_PASSES = 4
+HOLDS_MOST = 0.5
+MAX_ITEMS = 10_000  # items of one list, tuple or dict looked at for tensors
+
+
+@dataclass
+class KeptGraph:
+    """The variable whose autograd graphs hold the most saved memory, where it lives, and what the walk found."""
+
+    variable: str
+    where: str
+    walk: GraphWalk
+
+
+def _kept_graph(ctx: ProbeContext, device_type: str | None) -> KeptGraph | None:
+    """The variable of the failing frames or the script's globals whose graphs hold the most saved tensors, within
+    one node budget for all of them; None when no graph holds any."""
+    exclude: set[tuple[str, int]] | None = None
+    best: KeptGraph | None = None
+    budget = MAX_NODES
+    walked: set[int] = set()
+    for variable, where, roots in _graph_holders(ctx):
+        if budget <= 0:
+            break
+        if all(id(root) in walked for root in roots):
+            continue  # the same graph under another name
+        walked.update(id(root) for root in roots)
+        exclude = model_storages() if exclude is None else exclude
+        walk = walk_graphs(roots, exclude, device_type, budget)
+        budget -= walk.nodes
+        if best is None or walk.held_bytes > best.walk.held_bytes:
+            best = KeptGraph(variable, where, walk)
+    return best if best is not None and best.walk.held_bytes else None
+
+
+def _graph_holders(ctx: ProbeContext) -> Iterator[tuple[str, str, list[Any]]]:
+    """(variable, file:line, grad_fn nodes) for each variable of the failing user frames (innermost first) and of the
+    script's globals that holds tensors with a grad_fn: itself, or in a list, tuple or dict."""
+    scopes: list[tuple[dict[str, Any], str]] = []
+    for frame, line in reversed(ctx.frames):
+        scope = frame.f_locals
+        if isinstance(scope.get("self"), nn.Module):
+            continue  # a forward's own locals are that one forward's graph, by construction
+        scopes.append((scope, f"{frame.f_code.co_filename}:{line}"))
+    main = sys.modules.get("__main__")
+    globals_ = getattr(main, "__dict__", None)
+    if isinstance(globals_, dict) and not any(scope is globals_ for scope, _ in scopes):
+        scopes.append((globals_, str(getattr(main, "__file__", None) or "the script")))
+    seen: set[int] = set()
+    for scope, where in scopes:
+        for name, value in list(scope.items()):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            roots = _grad_fns(value)
+            if roots:
+                yield name, where, roots
+
+
+def _grad_fns(value: Any) -> list[Any]:
+    if isinstance(value, torch.Tensor):
+        items: Any = (value,)
+    elif isinstance(value, (list, tuple)):
+        items = value[:MAX_ITEMS]
+    elif isinstance(value, dict):
+        items = list(itertools.islice(value.values(), MAX_ITEMS))
+    else:
+        return []
+    return [item.grad_fn for item in items if isinstance(item, torch.Tensor) and item.grad_fn is not None]
+
+
+def _kept_facts(kept: KeptGraph | None, in_use: int | None, in_use_word: str) -> dict[str, Any]:
+    """The facts the OOM rules' causes read: the largest kept graph, and whether it is memory kept across batches."""
+    if kept is None:
+        return {}
+    walk = kept.walk
+    share = walk.held_bytes / in_use if in_use else None
+    graph = {"variable": kept.variable, "where": kept.where, "passes": walk.passes, "held_bytes": walk.held_bytes,
+             "held": human(walk.held_bytes), "in_use": human(in_use) if in_use else None, "in_use_word": in_use_word,
+             "share": round(share, 3) if share is not None else None, "nodes": walk.nodes,
+             "saved_tensors": walk.storages, "complete": walk.complete}
+    across = walk.passes >= MANY_PASSES and share is not None and share >= HOLDS_MOST
+    return {"kept_graph": graph, "graphs_kept_across_batches": across}
+
+
+def _kept_sentence(graph: dict[str, Any]) -> str:
+    at_least = "" if graph["complete"] else "at least "
+    return (f"`{graph['variable']}` ({graph['where']}) keeps autograd graphs that span {at_least}{graph['passes']} "
+            f"forward passes and hold {at_least}{graph['held']} of saved tensors, {graph['share']:.0%} of the "
+            f"{graph['in_use']} {graph['in_use_word']}: every batch's graph stays alive because no backward() frees "
+            f"it, so memory grows batch after batch")
+
+
+def _kept_graph_fixes(graph: dict[str, Any]) -> list[str]:
+    return [f"run the evaluation under `torch.no_grad()` (or `torch.inference_mode()`) and accumulate "
+            f"`{graph['variable']}` from `loss.item()` or `loss.detach()`: each batch's graph is then freed with the "
+            f"batch instead of {graph['held']} kept over {graph['passes']} batches",
+            "if one backward over many batches is really wanted, call backward() on each batch's loss and "
+            "accumulate gradients instead of summing the losses first"]
+
+
+def _resident_bytes() -> int | None:
+    """This process's resident memory (VmRSS), what kept graphs on the host are measured against."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def _host_oom(ctx: ProbeContext, figures: dict[str, int]) -> ProbeResult:
@@ -291,8 +490,9 @@ def _host_oom(ctx: ProbeContext, figures: dict[str, int]) -> ProbeResult:
     held = _holdings(ctx, "cpu")
     limits = [v for v in (host.get("MemAvailable"), host.get("cgroup_limit"), host.get("address_space_left")) if v is not None]
     available = min(limits) if limits else None
+    kept_facts = _kept_facts(_kept_graph(ctx, "cpu"), _resident_bytes(), "resident in this process")
     facts = {"tried": tried, "host": host, "parameters": held.parameters, "gradients": held.gradients,
-             "optimizer_state": held.optimizer, "largest_tensors": held.largest}
+             "optimizer_state": held.optimizer, "largest_tensors": held.largest, **kept_facts}
     parts = [f"the failed host allocation asked for {human(tried)}" if tried else "a host allocation failed"]
     if available:
         parts.append(f"the host has {human(host.get('MemAvailable', 0))} available"
@@ -301,10 +501,17 @@ def _host_oom(ctx: ProbeContext, figures: dict[str, int]) -> ProbeResult:
                         if "address_space_left" in host else ""))
     if held.largest:
         parts.append("largest live tensors: " + ", ".join(held.largest[:3]))
+    fixes = ""
+    if kept_facts.get("graphs_kept_across_batches"):
+        parts.append(_kept_sentence(kept_facts["kept_graph"]))
+        facts["fixes"] = _kept_graph_fixes(kept_facts["kept_graph"])
+        fixes = ". Fixes, best first: " + " ".join(f"({i}) {fix}" for i, fix in enumerate(facts["fixes"], 1))
     if tried and available and tried > available:
         total = host.get("MemTotal", 0)
         hint = (" — more than the machine's entire memory: the size itself is wrong (check the shape being "
                 "created, e.g. a dimension multiplied instead of added)") if total and tried > total else ""
-        return result(NAME, "confirmed", "; ".join(parts) + hint, **facts)
-    status = "inconclusive" if not (tried and available) else "refuted"
-    return result(NAME, status, "; ".join(parts), **facts)
+        return result(NAME, "confirmed", "; ".join(parts) + hint + fixes, **facts)
+    # Kept graphs that hold most of the process's memory confirm what filled it, whatever is free by now.
+    status = ("confirmed" if kept_facts.get("graphs_kept_across_batches") else
+              "inconclusive" if not (tried and available) else "refuted")
+    return result(NAME, status, "; ".join(parts) + fixes, **facts)
