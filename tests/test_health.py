@@ -296,3 +296,31 @@ def test_loss_values_kept_as_device_scalars_are_settled_in_one_copy():
     monitor.losses = [[1, torch.tensor(0.5)], [2, 0.25], [3, torch.tensor(0.125)]]
     health._compact(monitor.losses)  # buckets merge on the device as they would on a GPU
     assert monitor.series()["loss"] == [[2, 0.375], [3, 0.125]]
+
+
+class _GraphNode:
+    """A graph node as torch 2.11 hands them out: each access to `next_functions` makes new Python objects, so a
+    walk that drops a node can meet its id again on another node (on an H100 machine every run was told its
+    parameters never got a gradient)."""
+
+    def __init__(self, children=(), variable=None) -> None:
+        self._children, self.variable = children, variable
+
+    @property
+    def next_functions(self):
+        return tuple((make(), 0) for make in self._children)
+
+
+def _node(name: str, *children, variable=None):
+    return lambda: type(name, (_GraphNode,), {})(children, variable)
+
+
+def test_a_graph_walk_keeps_its_nodes_so_that_no_id_is_reused():
+    model = nn.Linear(3, 2)
+    linear = _node("AddmmBackward0", _node("AccumulateGrad", variable=model.bias), _node("TBackward0", _node(
+        "AccumulateGrad", variable=model.weight)))
+    loss = type("Loss", (), {"grad_fn": _node("MeanBackward0", _node("LogSoftmaxBackward0", linear))()})()
+    monitor = health.HealthMonitor()
+    for count in range(1, 4):
+        monitor.walk_graph(loss, count)
+        assert {id(model.weight), id(model.bias)} <= set(monitor.leaves), count

@@ -183,14 +183,14 @@ class HealthMonitor:
         self.graph_samples += 1
         # ReLU outputs are counted (a pass over each activation) in the 2nd graph and then in the 16th, 32nd, ...
         read_relus = count == 2 or count >= 16
-        seen: set[int] = set()
+        seen: dict[int, Any] = {}  # holds the nodes: a freed node's id can be reused by the next one (torch 2.11 did)
         stack = [loss.grad_fn]
         nodes = 0
         while stack and nodes < MAX_GRAPH_NODES:
             node = stack.pop()
             if node is None or id(node) in seen:
                 continue
-            seen.add(id(node))
+            seen[id(node)] = node
             nodes += 1
             name = type(node).__name__
             if name == "AccumulateGrad":
@@ -722,13 +722,13 @@ def _graph_holders(main_globals: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _count_nodes(root: Any) -> int:
-    seen: set[int] = set()
+    seen: dict[int, Any] = {}  # holds the nodes, so that no id is reused during the walk
     stack = [root]
     while stack and len(seen) < MAX_GRAPH_NODES:
         node = stack.pop()
         if node is None or id(node) in seen:
             continue
-        seen.add(id(node))
+        seen[id(node)] = node
         stack.extend(n for n, _ in node.next_functions)
     return len(seen)
 

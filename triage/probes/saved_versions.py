@@ -83,7 +83,7 @@ def _roots(ctx: ProbeContext) -> list[Any]:
 
 def _walk(roots: list[Any]) -> tuple[list[tuple[Any, str]], int, int]:
     """(nodes whose saved tensor is stale, with the field; nodes whose saved tensors were freed; nodes walked)."""
-    seen: set[int] = set()
+    seen: dict[int, Any] = {}  # holds the nodes, so that no id is reused during the walk
     queue = deque(roots)
     stale: list[tuple[Any, str]] = []
     freed = 0
@@ -91,7 +91,7 @@ def _walk(roots: list[Any]) -> tuple[list[tuple[Any, str]], int, int]:
         node = queue.popleft()
         if node is None or id(node) in seen:
             continue
-        seen.add(id(node))
+        seen[id(node)] = node
         node_freed = False
         for field in (a for a in dir(node) if a.startswith("_saved_")):
             try:

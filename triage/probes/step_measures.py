@@ -259,12 +259,12 @@ def _functional_relus(loss: torch.Tensor | None) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     if loss is None or loss.grad_fn is None:
         return found
-    stack, visited = [loss.grad_fn], set()
+    stack, visited = [loss.grad_fn], {}  # visited holds the nodes, so that no id is reused during the walk
     while stack and len(visited) < 20_000:
         node = stack.pop()
         if node is None or id(node) in visited:
             continue
-        visited.add(id(node))
+        visited[id(node)] = node
         if type(node).__name__ == "ReluBackward0":
             try:
                 saved = node._saved_result
