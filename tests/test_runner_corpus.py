@@ -57,12 +57,13 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[dict, Path]]:
     root = tmp_path_factory.mktemp("corpus")
     # Each script runs from its own folder, as a user would run it (and as `triage eval` does); the reports go
     # elsewhere so the corpus stays clean.
-    folders = {name: root / name.removesuffix(".py") for name in EXPECTED}
+    folders = {name: root / name.removesuffix(".py") for name, spec in EXPECTED.items()
+               if expectation_here(spec) is not None}
     for folder in folders.values():
         folder.mkdir(parents=True)
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {name: pool.submit(_run, name, spec, folders[name], (SCRIPTS / name).parent)
-                   for name, spec in EXPECTED.items()}
+                   for name, spec in EXPECTED.items() if name in folders}
         return {name: (future.result(), folders[name]) for name, future in futures.items()}
 
 
@@ -79,6 +80,8 @@ def test_every_script_is_listed() -> None:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_script(outcomes, name: str) -> None:
     spec = expectation_here(EXPECTED[name])
+    if spec is None:
+        pytest.skip("labelled for no machine like this one (a CPU-only script, a CUDA build without a GPU)")
     outcome, folder = outcomes[name]
     failing_here = spec.get("category") is not None
     expected_code = spec["exit_code"]
@@ -114,3 +117,24 @@ def test_script(outcomes, name: str) -> None:
         assert spec["fix_id"] in {leading["fix_id"], *verified}, leading["fixes"]
     for fact in spec.get("facts", []):
         assert fact in text, f"{fact!r} not in the leading diagnosis of {name}"
+
+
+@pytest.mark.parametrize(("here", "gpu_script", "cpu_build_script"), [
+    ({"cuda-build": False, "cuda": False}, "otherwise", "labelled"),  # CI: a CPU build
+    ({"cuda-build": True, "cuda": True}, "labelled", "succeeds"),  # a GPU machine
+    ({"cuda-build": True, "cuda": False}, "otherwise", None),  # a CUDA build without a GPU
+])
+def test_a_scripts_expectation_follows_the_machine(monkeypatch, here, gpu_script, cpu_build_script) -> None:
+    from triage import evaluate
+
+    monkeypatch.setattr(evaluate, "torch_here", lambda: here)
+    labelled = {"category": "cuda-assert", "rule": "cuda-assert.device-side-assert", "exit_code": 1}
+    otherwise = {"category": "index", "exit_code": 1}
+    kinds = {"labelled": labelled, "otherwise": otherwise, "succeeds": {"category": None, "exit_code": 0}, None: None}
+    for spec, want in (({**labelled, "requires": "cuda", "otherwise": otherwise}, gpu_script),
+                       ({**labelled, "requires": "cpu-build"}, cpu_build_script)):
+        got = expectation_here(spec)
+        if kinds[want] is None:
+            assert got is None
+        else:
+            assert {key: got[key] for key in kinds[want]} == kinds[want], (spec, here)

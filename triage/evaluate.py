@@ -152,8 +152,9 @@ def evaluate_logs(root: Path, kb, kind: str = "log", on_case: Callable[[CaseResu
 def evaluate_scripts(
     root: Path, jobs: int = 2, on_case: Callable[[CaseResult], None] | None = None
 ) -> list[CaseResult]:
-    """Each script under the runner, `jobs` at once; `on_case` hears of each result (from a worker thread)."""
-    cases = load_cases(root)
+    """Each script labelled for this machine under the runner, `jobs` at once; `on_case` hears of each result (from
+    a worker thread)."""
+    cases = script_cases(root)
 
     def run(case: tuple[Path, dict[str, Any]]) -> CaseResult:
         result = _run_script(*case)
@@ -165,7 +166,15 @@ def evaluate_scripts(
         return list(pool.map(run, cases))
 
 
+def script_cases(root: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """The scripts under `root` with their expectation on this machine, less those labelled for no machine like it."""
+    cases = [(path, expectation_here(expectation)) for path, expectation in load_cases(root)]
+    return [(path, expectation) for path, expectation in cases if expectation is not None]
+
+
 _TORCH_HERE_CODE = "import torch; print(torch.backends.cuda.is_built(), torch.cuda.is_available())"
+
+
 @functools.cache
 def torch_here() -> dict[str, bool]:
     """What the scripts' torch offers on this machine: {"cuda-build": ..., "cuda": ...}, asked once of a child
@@ -182,10 +191,11 @@ def torch_here() -> dict[str, bool]:
 REQUIREMENTS = ("cuda", "cpu-build")
 
 
-def expectation_here(expectation: dict[str, Any]) -> dict[str, Any]:
-    """A script's expectation on this machine. `requires: cuda` scripts fail only where CUDA works, `requires:
-    cpu-build` ones only where torch has no CUDA; elsewhere such a script must run to completion with triage adding
-    nothing, unless its `otherwise:` block says how the same bug fails there."""
+def expectation_here(expectation: dict[str, Any]) -> dict[str, Any] | None:
+    """A script's expectation on this machine. `requires: cuda` scripts fail as labelled only where CUDA works,
+    `requires: cpu-build` ones only where torch has no CUDA; elsewhere such a script must run to completion with
+    triage adding nothing, unless its `otherwise:` block says how the same bug fails there. None: a `cpu-build`
+    script where torch is built with CUDA but sees no GPU, which fails a third way, labelled nowhere."""
     needs = expectation.get("requires")
     if needs is None:
         return expectation
@@ -193,12 +203,13 @@ def expectation_here(expectation: dict[str, Any]) -> dict[str, Any]:
     met = here["cuda"] if needs == "cuda" else not here["cuda-build"]
     if met:
         return expectation
+    if needs == "cpu-build" and not here["cuda"]:
+        return None
     succeeds = {"category": None, "rule": None, "facts": [], "exit_code": 0, "cause_id": None, "fix_id": None}
     return {**expectation, **succeeds, **expectation.get("otherwise", {})}
 
 
 def _run_script(path: Path, expectation: dict[str, Any]) -> CaseResult:
-    expectation = expectation_here(expectation)
     result = _new_result(path, "script", expectation)
     result.expected_exit = expectation.get("exit_code", 1)
     with tempfile.TemporaryDirectory(prefix="triage-eval-") as tmp:
@@ -426,7 +437,7 @@ def main(argv: list[str]) -> int:
 
     kb = load_knowledge_base([Path(p) for p in args.rules])
     run_scripts = scripts is not None and not args.logs_only
-    total = sum(len(load_cases(folder)) for folder in (logs, fresh) if folder) + (len(load_cases(scripts)) if run_scripts else 0)
+    total = sum(len(load_cases(folder)) for folder in (logs, fresh) if folder) + (len(script_cases(scripts)) if run_scripts else 0)
     with ProgressBar(total, "triage eval") as bar:
         on_case = lambda result: bar.advance(Path(result.path).name)  # noqa: E731
         results = evaluate_logs(logs, kb, on_case=on_case) if logs else []
