@@ -348,27 +348,29 @@ class FakeEvent:
     """Stands in for torch.cuda.Event on a CPU-only machine: completes when told to."""
 
     made: list[FakeEvent] = []
+    waits = 0
 
     def __init__(self):
         self.done = False
         FakeEvent.made.append(self)
 
     def record(self):
-        pass
+        self.done = False  # a recorded event completes when the work before it has (here: when told)
 
     def query(self):
         return self.done
 
     def synchronize(self):
         self.done = True
+        FakeEvent.waits += 1
 
 
 def test_device_flags_are_read_only_once_their_event_completes():
     FakeEvent.made.clear()
     flags = wrapper.DeviceFlags(event_factory=FakeEvent)
-    flags.push(torch.tensor(False), {"step": 0})
-    flags.push(torch.tensor(True), {"step": 1})
-    flags.push(torch.tensor(True), {"step": 2})
+    flags.push(torch.tensor(True), {"step": 0})  # True: finite
+    flags.push(torch.tensor(False), {"step": 1})
+    flags.push(torch.tensor(False), {"step": 2})
     assert flags.ready() == [] and flags.pending  # nothing has completed: nothing is read, nothing waits
     FakeEvent.made[0].done = FakeEvent.made[1].done = True
     assert flags.ready() == [{"step": 1}]
@@ -379,11 +381,12 @@ def test_device_flags_are_read_only_once_their_event_completes():
 
 def test_device_flags_wait_for_the_oldest_only_when_a_whole_buffer_is_in_flight():
     FakeEvent.made.clear()
+    FakeEvent.waits = 0
     flags = wrapper.DeviceFlags(event_factory=FakeEvent)
     for step in range(flags.SLOTS + 5):
-        flags.push(torch.tensor(step == 3), {"step": step})
-    waited = [e for e in FakeEvent.made if e.done]
-    assert len(waited) == 6  # one synchronize per push beyond SLOTS - 1 in flight
+        flags.push(torch.tensor(step != 3), {"step": step})
+    assert FakeEvent.waits == 6  # one synchronize per push beyond SLOTS - 1 in flight
+    assert len(FakeEvent.made) == flags.SLOTS  # one event per slot, made once and recorded again
     assert flags.ready() == [{"step": 3}]  # its slot was read before being reused
     assert len(flags.items) == flags.SLOTS - 1
 

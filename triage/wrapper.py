@@ -210,11 +210,11 @@ def installed() -> bool:
 
 
 class DeviceFlags:
-    """Non-finite flags computed on a GPU, read back once their CUDA event has completed (no synchronisation).
+    """Finiteness flags computed on a GPU, read back once their CUDA event has completed (no synchronisation).
 
-    Each flag is copied without blocking into a slot of a small pinned buffer; a
-    slot is read only after its event reports completion. If the GPU falls a whole
-    buffer behind, the oldest flag is waited for (the only wait there is).
+    Each flag (True: finite) is copied without blocking into a slot of a small pinned buffer, with the slot's own
+    event recorded after it (buffer views and events are made once); a slot is read only after its event reports
+    completion. If the GPU falls a whole buffer behind, the oldest flag is waited for (the only wait there is).
     """
 
     SLOTS = 64
@@ -223,6 +223,8 @@ class DeviceFlags:
         self.items: deque = deque()
         self.found: list[dict[str, Any]] = []
         self.host = None
+        self.slots: list[Any] = []  # a view of each element of `host`
+        self.events: list[Any] = []
         self.slot = 0
         self.event_factory = event_factory
 
@@ -230,25 +232,27 @@ class DeviceFlags:
     def pending(self) -> bool:
         return bool(self.items or self.found)
 
-    def push(self, flag: Any, info: dict[str, Any]) -> None:
-        torch = sys.modules["torch"]
+    def push(self, finite: Any, info: dict[str, Any]) -> None:
         if self.host is None:
-            self.host = torch.zeros(self.SLOTS, dtype=torch.bool, pin_memory=torch.cuda.is_available())
-            self.event_factory = self.event_factory or torch.cuda.Event
+            torch = sys.modules["torch"]
+            self.host = torch.ones(self.SLOTS, dtype=torch.bool, pin_memory=torch.cuda.is_available())
+            self.slots = list(self.host.unbind())
+            make = self.event_factory or torch.cuda.Event
+            self.events = [make() for _ in range(self.SLOTS)]
         if len(self.items) >= self.SLOTS - 1:
             self.items[0][0].synchronize()
             self._collect()
         slot = self.slot
         self.slot = (slot + 1) % self.SLOTS
-        self.host[slot].copy_(flag, non_blocking=True)
-        event = self.event_factory()
+        self.slots[slot].copy_(finite, non_blocking=True)
+        event = self.events[slot]
         event.record()
         self.items.append((event, slot, info))
 
     def _collect(self) -> None:
         while self.items and self.items[0][0].query():
             _, slot, info = self.items.popleft()
-            if bool(self.host[slot]):
+            if not bool(self.host[slot]):
                 self.found.append(info)
 
     def ready(self) -> list[dict[str, Any]]:
@@ -256,8 +260,6 @@ class DeviceFlags:
         self._collect()
         found, self.found = self.found, []
         return found
-
-
 
 
 def sentinel_for(params: list[Any]) -> list[tuple[Any, Any, int]]:
@@ -312,7 +314,7 @@ class NonFiniteMonitor:
                     return  # a finite tensor whose sum overflowed
                 self.fire(what, f"{what} = {self._describe(value)}" if value.numel() == 1 else self._describe(value))
         elif tensor.device.type == "cuda":
-            self.flags.push(~torch.isfinite(tensor.detach()).all(), self._snapshot(what))
+            self.flags.push(torch.isfinite(tensor.detach()).all(), self._snapshot(what))
             self.poll()
 
     def step_hook(self, params: list[Any], tracker: Tracker) -> Callable[[Any, Any, Any], None]:
@@ -323,7 +325,8 @@ class NonFiniteMonitor:
         the step time. A NaN/Inf in the forward pass makes the loss non-finite, and with it the gradient
         of the parameters nearest the loss (usually the last registered: the output layer; ReLU-like
         masks can zero the others exactly). A NaN born in backward reaches the parameters upstream of it,
-        the first one's included, though maybe not the value read here: the strided check finds those.
+        the first one's included, though maybe not the value read here: the strided check finds those. On a
+        GPU only the last parameter is peeked at (a flag read back later): each peek there costs kernels.
         Right after backward() each Python-level call costs microseconds (cold caches), so the hook is
         one frame, its lookups bound in advance and a CPU float32/64 value read by its address.
         """
@@ -345,9 +348,10 @@ class NonFiniteMonitor:
                         check_all(params, adapt=False)
                     else:
                         grad = first.grad
-                        if grad is not None and not (
+                        # (on a GPU a peek is kernels and a copy: there the last one's flag and the strided check do)
+                        if grad is not None and grad.is_cpu and not (
                             isfinite(first_view[grad.data_ptr() >> first_shift])
-                            if first_view is not None and grad.is_cpu else peek(grad)
+                            if first_view is not None else peek(grad)
                         ):
                             check_all(params, adapt=False)
                 if flags.items or flags.found:  # DeviceFlags.pending, without a property's frame
@@ -366,7 +370,7 @@ class NonFiniteMonitor:
         """False when the first value of a gradient is NaN/Inf; on a GPU it is flagged and read later."""
         if grad.is_cuda:
             torch = sys.modules["torch"]
-            self.flags.push(~torch.isfinite(grad.reshape(-1)[0]), self._snapshot("gradients"))
+            self.flags.push(torch.isfinite(grad.reshape(-1)[0]), self._snapshot("gradients"))
             return True
         if not grad.is_cpu or not grad.is_floating_point() or not grad.numel():
             return True  # a device triage cannot read without a copy (mps, xpu, meta): the strided check's
@@ -396,7 +400,7 @@ class NonFiniteMonitor:
                         return
             elif device.type == "cuda":
                 _note_device_grad_norm(total)
-                self.flags.push(~torch.isfinite(total), self._snapshot("gradients"))
+                self.flags.push(torch.isfinite(total), self._snapshot("gradients"))
         cost = time.perf_counter() - started
         if adapt and self.step_interval:
             self.stride = min(max(1, math.ceil(cost / (GRADIENT_CHECK_BUDGET * self.step_interval))), 1000)
