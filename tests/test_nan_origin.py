@@ -66,6 +66,10 @@ def test_a_gpu_runs_losses_are_kept_on_the_device_and_read_at_the_incident_like_
     assert on_gpu.verdict() == _trend(losses, norms).verdict()
     on_gpu.read_device_values()  # a second incident reads them again without doubling them
     assert on_gpu.verdict() == _trend(losses, norms).verdict()
+    on_gpu.read_loss(_GpuScalar(float("nan")))
+    on_gpu.read_device_values()
+    on_gpu.read_device_values()
+    assert [call for call, _ in on_gpu.losses] == [1, 2, 3, 4, 5, 6, 7]
 
 
 def test_a_gpu_series_keeps_the_latest_values_with_their_calls():

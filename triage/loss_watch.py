@@ -131,7 +131,8 @@ class LossTrend:
         norms = self.device_grad_norms.read()
         known = {call for call, _ in self.baseline}
         self.baseline.extend(point for point in losses if point[0] <= BASELINE and point[0] not in known)
-        self.losses.extend(point for point in _unique(losses) if point not in self.losses)
+        known = {call for call, _ in self.losses}  # by call: a NaN equals no other, not even itself
+        self.losses.extend(point for point in _unique(losses) if point[0] not in known)
         for call, value in _unique(losses):
             if value - value != 0 and (self.first_nonfinite is None or call < self.first_nonfinite[0]):
                 self.first_nonfinite = (call, value)
