@@ -154,3 +154,50 @@ def test_the_h100_log_leads_with_cuda_in_the_dataset_and_names_the_line():
     assert first["cause"] == "dataloader.cuda-in-forked-worker/cuda-in-dataset"
     assert "dataset_makes_cuda_tensors_in_workers.py:27 in __getitem__" in first["fix"]
     assert "dataloader.worker-exception" not in [d["rule"] for d in report["diagnoses"]]
+
+
+# On a machine with a GPU, autograd's engine starts a worker thread per GPU at the run's first backward, whatever
+# the tensors' device, and from then on refuses a backward in any forked child (seen on an H100: fix trials were
+# reported as failing with this error, and most learning experiments came back inconclusive).
+AUTOGRAD_FORK = ("Unable to handle autograd's threading in combination with fork-based multiprocessing. See "
+                 "https://github.com/pytorch/pytorch/wiki/Autograd-and-Fork")
+
+
+@pytest.fixture
+def simulated_gpu_autograd_threads(monkeypatch):
+    parent, original = os.getpid(), torch.autograd.graph._engine_run_backward
+
+    def engine_run_backward(*args, **kwargs):
+        if os.getpid() != parent:
+            raise RuntimeError(AUTOGRAD_FORK)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd.graph, "_engine_run_backward", engine_run_backward)
+    monkeypatch.setattr(torch.autograd, "_engine_run_backward", engine_run_backward)
+
+
+def a_step():
+    weight = torch.ones(3, requires_grad=True)
+    (weight * 2).sum().backward()
+    return float(weight.grad.sum())
+
+
+def trial_of_a_fix():
+    """A fix trial's shape: the step's error, caught, is the verdict "the fix fails"."""
+    try:
+        return f"verified: {a_step()}"
+    except RuntimeError as exc:
+        return f"fails: now {exc}"
+
+
+@pytest.mark.parametrize("experiment", [a_step, trial_of_a_fix])
+def test_an_experiment_whose_backward_autograd_refuses_did_not_run(simulated_gpu_autograd_threads, experiment):
+    assert a_step() == 6.0  # the run itself is untouched
+    outcome = sandbox.run(experiment, 30)
+    assert outcome.stopped == "unavailable", outcome
+    assert outcome.reason == sandbox.BACKWARD_AFTER_FORK
+    assert any(frame.name == "a_step" for frame in outcome.stack)
+
+
+def test_without_the_refusal_the_backward_runs_in_the_child():
+    assert sandbox.run(trial_of_a_fix, 30).value == "verified: 6.0"

@@ -13,7 +13,9 @@ the experiment), and an audit hook refuses what else would reach outside:
 other file writes, subprocesses, forks, sockets, signals and `os._exit`.
 `torch.save` and `torch.distributed`'s collectives are stubbed. CUDA does not survive fork: when the parent
 holds a CUDA context, an experiment that reaches CUDA (torch's "Cannot re-initialize CUDA in forked subprocess")
-has not run, whatever it made of the error, and comes back stopped as "unavailable". Nothing is collected
+has not run, whatever it made of the error, and comes back stopped as "unavailable"; so does one whose backward
+autograd refuses (on a machine with a GPU its engine's worker threads, started by the run's first backward, do
+not survive fork either). Nothing is collected
 automatically in the child, so no finalizer of the run's objects runs there, and the run's unraisable hook is
 not used. The child sends its value back through a pipe and always ends with its own `os._exit`,
 so it never runs the parent's atexit handlers or flushes the parent's buffers.
@@ -52,9 +54,16 @@ SHADOW_COPY_BYTES = 64 * 1024**2
 # Most entries of the run's working folder linked into the child's own (a home folder can hold thousands).
 MIRRORED_ENTRIES = 4096
 
-# torch's error for a CUDA call in a process forked from one that had initialised CUDA (torch/cuda/__init__.py).
+# torch's error for a CUDA call in a process forked from one that had initialised CUDA (torch/cuda/__init__.py), and
+# the driver's for a CUDA call that bypasses torch's check (a kernel on a tensor left on the GPU).
 BAD_FORK_MESSAGE = "Cannot re-initialize CUDA in forked subprocess"
+CUDA_INIT_ERROR = "CUDA error: initialization error"
 CUDA_AFTER_FORK = "the experiment reached CUDA, which a forked experiment cannot use (CUDA does not survive fork)"
+# autograd's engine, once it has started its per-GPU worker threads (the first backward on a machine with a GPU,
+# whatever the tensors' device), refuses any backward in a forked child (torch/csrc/autograd/engine.cpp).
+AUTOGRAD_FORK_MESSAGE = "Unable to handle autograd's threading in combination with fork-based multiprocessing"
+BACKWARD_AFTER_FORK = ("the experiment needed a backward pass, which autograd refuses in a process forked after its "
+                       "GPU worker threads started (on a machine with a GPU, at the run's first backward)")
 
 _CHILD_EXIT_DONE = 0
 _CHILD_EXIT_BROKEN = 70
@@ -126,7 +135,8 @@ class _State:
     streams: list[Any] = []  # the child's own stdout and stderr
     parent_threads: int | None = None  # torch's intra-op threads in the process the child was forked from
     parent_cuda = False  # the process the child was forked from had initialised CUDA
-    cuda_reached: list[traceback.FrameSummary] | None = None  # where the experiment first tried to start CUDA
+    # why the experiment could not run in a fork (CUDA_AFTER_FORK, BACKWARD_AFTER_FORK) and where it first found so
+    not_run: tuple[str, list[traceback.FrameSummary]] | None = None
 
 
 _state = _State()
@@ -372,30 +382,36 @@ def _experiment(fn: Callable[[], Any]) -> dict[str, Any]:
     try:
         sent: dict[str, Any] = {"value": fn()}
     except BaseException as exc:  # noqa: BLE001 - the experiment's failure is sent back as data
-        if _state.parent_cuda and _state.cuda_reached is None and _raised_bad_fork(exc):
-            _state.cuda_reached = traceback.extract_tb(exc.__traceback__)
+        reason = _fork_limit(exc)
+        if reason is not None and _state.not_run is None:
+            _state.not_run = (reason, traceback.extract_tb(exc.__traceback__))
         first = str(exc).strip().split("\n", 1)[0]
         sent = {"error": f"{type(exc).__name__}: {first}" if first else type(exc).__name__,
                 "error_type": type(exc).__name__, "error_traceback": "".join(traceback.format_exception(exc))[-8000:]}
-    if _state.cuda_reached is not None:  # raised, or caught and made a verdict of by the probe: no verdict holds
-        sent = {"stopped": "unavailable", "reason": CUDA_AFTER_FORK, "stack": _state.cuda_reached}
+    if _state.not_run is not None:  # raised, or caught and made a verdict of by the probe: no verdict holds
+        reason, stack = _state.not_run
+        sent = {"stopped": "unavailable", "reason": reason, "stack": stack}
     sent.update(refused=list(_state.refused), saves=list(_state.saves), redirected=list(_state.redirected))
     return sent
 
 
-def _raised_bad_fork(exc: BaseException) -> bool:
-    """Whether torch's bad-fork error is the exception or one it was raised from or during."""
+def _fork_limit(exc: BaseException) -> str | None:
+    """Why the experiment could not run in a fork, when the exception or one it was raised from or during says so:
+    CUDA reached from a child of a CUDA process, or a backward refused by autograd's engine."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         try:
-            if BAD_FORK_MESSAGE in str(current):
-                return True
-        except Exception:  # a user exception whose __str__ fails says nothing about CUDA
-            pass
+            text = str(current)
+        except Exception:  # a user exception whose __str__ fails says nothing about the fork
+            text = ""
+        if AUTOGRAD_FORK_MESSAGE in text:
+            return BACKWARD_AFTER_FORK
+        if _state.parent_cuda and (BAD_FORK_MESSAGE in text or CUDA_INIT_ERROR in text):
+            return CUDA_AFTER_FORK
         seen.add(id(current))
         current = current.__cause__ or current.__context__
-    return False
+    return None
 
 
 def call_here(fn: Callable[[], Any]) -> Outcome:
@@ -422,7 +438,7 @@ def _send(write_end: int, sent: dict[str, Any]) -> None:
 def _isolate(folder: str, allowed: list[str], write_end: int, budget: int, limit_s: float, python_random: Any,
              parent_cuda: bool) -> None:
     _state.active = True
-    _state.parent_cuda, _state.cuda_reached = parent_cuda, None
+    _state.parent_cuda, _state.not_run = parent_cuda, None
     # No automatic collection here: the garbage inherited from the run would be finalized in this process, acting on
     # the run's resources (its temporary folders, connections), refused, and reported through the run's own
     # unraisable hook (a test runner's formats a traceback, whose ast.parse inside another parse's tree-building
@@ -446,6 +462,7 @@ def _isolate(folder: str, allowed: list[str], write_end: int, budget: int, limit
     _stub_torch()
     if parent_cuda:
         _note_cuda_starts()
+    _note_backward_refusals()
     roots = [os.path.realpath(folder)] + [os.path.realpath(a) for a in allowed]
     _shadow_writes(folder, roots)
     os._exit = _refuse_exit  # no audit event exists for it: the experiment gets an exception instead
@@ -577,13 +594,35 @@ def _note_cuda_starts() -> None:
         try:
             return original(*args, **kwargs)
         except RuntimeError as exc:
-            if _state.cuda_reached is None and BAD_FORK_MESSAGE in str(exc):
-                _state.cuda_reached = traceback.extract_stack()[:-1]
+            if _state.not_run is None and BAD_FORK_MESSAGE in str(exc):
+                _state.not_run = (CUDA_AFTER_FORK, traceback.extract_stack()[:-1])
             raise
 
     for name, module in list(sys.modules.items()):
         if (name == "torch.cuda" or name.startswith("torch.cuda.")) and getattr(module, "_lazy_init", None) is original:
             module._lazy_init = lazy_init_noted
+
+
+def _note_backward_refusals() -> None:
+    """Note where autograd's engine first refuses a backward in this child (see AUTOGRAD_FORK_MESSAGE): a fix trial
+    catches the error and would report the fix as failing. backward() and autograd.grad() both run the engine
+    through `_engine_run_backward`, imported by name into torch.autograd from torch.autograd.graph."""
+    graph = sys.modules.get("torch.autograd.graph")
+    original = getattr(graph, "_engine_run_backward", None)
+    if original is None:
+        return
+
+    def engine_run_backward_noted(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except RuntimeError as exc:
+            if _state.not_run is None and AUTOGRAD_FORK_MESSAGE in str(exc):
+                _state.not_run = (BACKWARD_AFTER_FORK, traceback.extract_stack()[:-1])
+            raise
+
+    for module in (graph, sys.modules.get("torch.autograd")):
+        if getattr(module, "_engine_run_backward", None) is original:
+            module._engine_run_backward = engine_run_backward_noted
 
 
 def _collective(name: str) -> Callable[..., Any]:
