@@ -589,15 +589,7 @@ def _note_cuda_starts() -> None:
     original = getattr(sys.modules.get("torch.cuda"), "_lazy_init", None)
     if original is None:
         return
-
-    def lazy_init_noted(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return original(*args, **kwargs)
-        except RuntimeError as exc:
-            if _state.not_run is None and BAD_FORK_MESSAGE in str(exc):
-                _state.not_run = (CUDA_AFTER_FORK, traceback.extract_stack()[:-1])
-            raise
-
+    lazy_init_noted = _noting(original, BAD_FORK_MESSAGE, CUDA_AFTER_FORK)
     for name, module in list(sys.modules.items()):
         if (name == "torch.cuda" or name.startswith("torch.cuda.")) and getattr(module, "_lazy_init", None) is original:
             module._lazy_init = lazy_init_noted
@@ -611,18 +603,25 @@ def _note_backward_refusals() -> None:
     original = getattr(graph, "_engine_run_backward", None)
     if original is None:
         return
-
-    def engine_run_backward_noted(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return original(*args, **kwargs)
-        except RuntimeError as exc:
-            if _state.not_run is None and AUTOGRAD_FORK_MESSAGE in str(exc):
-                _state.not_run = (BACKWARD_AFTER_FORK, traceback.extract_stack()[:-1])
-            raise
-
+    engine_run_backward_noted = _noting(original, AUTOGRAD_FORK_MESSAGE, BACKWARD_AFTER_FORK)
     for module in (graph, sys.modules.get("torch.autograd")):
         if getattr(module, "_engine_run_backward", None) is original:
             module._engine_run_backward = engine_run_backward_noted
+
+
+def _noting(original: Callable[..., Any], marker: str, reason: str) -> Callable[..., Any]:
+    """`original`, noting in `_state.not_run` where it first raises a RuntimeError that says `marker` (the experiment
+    could not run in a fork, for `reason`), then raising it on."""
+
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except RuntimeError as exc:
+            if _state.not_run is None and marker in str(exc):
+                _state.not_run = (reason, traceback.extract_stack()[:-1])
+            raise
+
+    return noted
 
 
 def _collective(name: str) -> Callable[..., Any]:
