@@ -59,11 +59,12 @@ MIRRORED_ENTRIES = 4096
 BAD_FORK_MESSAGE = "Cannot re-initialize CUDA in forked subprocess"
 CUDA_INIT_ERROR = "CUDA error: initialization error"
 CUDA_AFTER_FORK = "the experiment reached CUDA, which a forked experiment cannot use (CUDA does not survive fork)"
-# autograd's engine, once it has started its per-GPU worker threads (the first backward on a machine with a GPU,
-# whatever the tensors' device), refuses any backward in a forked child (torch/csrc/autograd/engine.cpp).
+# autograd's engine, once it has started worker threads (one per GPU at the first backward on a machine with a GPU,
+# whatever the tensors' device; seen too after torch.compile on torch 2.14), refuses any backward in a forked child
+# (torch/csrc/autograd/engine.cpp).
 AUTOGRAD_FORK_MESSAGE = "Unable to handle autograd's threading in combination with fork-based multiprocessing"
 BACKWARD_AFTER_FORK = ("the experiment needed a backward pass, which autograd refuses in a process forked after its "
-                       "GPU worker threads started (on a machine with a GPU, at the run's first backward)")
+                       "engine started worker threads (on a machine with a GPU, the run's first backward starts them)")
 
 _CHILD_EXIT_DONE = 0
 _CHILD_EXIT_BROKEN = 70
