@@ -21,6 +21,7 @@ import types
 from typing import Any, NoReturn
 
 from .. import tracking
+from ..capture.stderr_file import StderrFile
 from ..tracking import TRACKER
 from .channel import CRASH_DUMP, DUMP_SIGNAL, PHASE_EXITING, PHASE_RUNNING, PHASE_TRIAGING, STACK_DUMP, STATUS, WORKERS, Channel
 from .options import STDIN_SCRIPT, interpreter_argv
@@ -37,7 +38,7 @@ NONFINITE_CONSEQUENCE = re.compile(r"(?i)\bnan\b|\binf\b|infinite|non-?finite|in
 class Session:
     """Triage's state inside the child: heartbeat, crash files, hooks and the reporter."""
 
-    def __init__(self, channel: Channel, config: dict[str, Any]) -> None:
+    def __init__(self, channel: Channel, config: dict[str, Any], stderr_file: StderrFile | None = None) -> None:
         self.channel = channel
         self.config = config
         self.pid = os.getpid()
@@ -52,7 +53,8 @@ class Session:
         # At the script's normal end (ended_cleanly): a signal during the interpreter's shutdown is read by them.
         self.ended_cleanly = False
         self.process_group_alive = False
-        self.stderr_file = None  # the log file stderr goes to, read back at a CUDA error for the kernel's assertion
+        # the log file stderr goes to (the supervisor's reading, from before the fork): read back at a CUDA error
+        self.stderr_file = stderr_file
 
     def start(self) -> None:
         tracking.capture_owner = "runner"  # install() and watch() leave uncaught exceptions to us
@@ -68,9 +70,6 @@ class Session:
             # torchrun's agent stops a rank with SIGTERM to its process group: dump where it was, then die of it
             # (faulthandler chains to the default action), so the rank's exit stays -15.
             faulthandler.register(signal.SIGTERM, file=stacks, all_threads=True, chain=True)
-        from ..capture.stderr_file import StderrFile
-
-        self.stderr_file = StderrFile.at_start()
         self._install_thread_hook()
         self.warnings.install()
         TorchImportWatcher(self._torch_imported).install()
@@ -365,9 +364,10 @@ class Session:
             pass
 
 
-def run_child(target: str, module: bool, args: list[str], channel: Channel, config: dict[str, Any]) -> NoReturn:
+def run_child(target: str, module: bool, args: list[str], channel: Channel, config: dict[str, Any],
+              stderr_file: StderrFile | None = None) -> NoReturn:
     """Run the script in this (forked) process and end it the way plain python would."""
-    session: Session | None = Session(channel, config)
+    session: Session | None = Session(channel, config, stderr_file)
     try:
         session.start()
     except Exception as exc:

@@ -143,7 +143,7 @@ class Supervisor:
             _internal_error(exc, "starting the child")
             _exec_plain_python(options)
         try:
-            run_child(options.target, options.module, options.args, self.channel, config)
+            run_child(options.target, options.module, options.args, self.channel, config, self._stderr_file)
         except SystemExit:
             raise
         except BaseException as exc:  # never reached by design; the frames above (cli.main) must not see it
