@@ -31,3 +31,37 @@ def test_the_table_counts_the_experiments_that_confirmed_and_times_each_probe():
     assert lines[0] == "experiments named by the leading diagnosis: 2 of 3 confirmed (66.7%), in 2 scripts"
     assert lines[1] == "  b.py: anomaly_rerun skipped: no frame"
     assert lines[2] == "probe time, median / max seconds (runs): anomaly_rerun 1.00 / 1.50 (2), save_batch 0.10 / 0.10 (1)"
+
+
+def test_gpu_scripts_run_one_at_a_time_beside_cpu_scripts(tmp_path, monkeypatch):
+    """Two GPU scripts never share the card (an OOM script filling it fails the other for the wrong reason);
+    CPU scripts still run beside them."""
+    import threading
+    import time
+
+    from triage import evaluate
+
+    folder = tmp_path / "scripts" / "gpu"
+    folder.mkdir(parents=True)
+    labels = {}
+    for name, needs in [("a.py", "cuda"), ("b.py", "cuda"), ("c.py", None), ("d.py", "cuda")]:
+        (folder / name).write_text("pass\n")
+        labels[name] = {"category": None, "exit_code": 0} | ({"requires": needs} if needs else {})
+    (folder / "expected.yaml").write_text(yaml.safe_dump(labels))
+    monkeypatch.setattr(evaluate, "torch_here", lambda: {"cuda-build": True, "cuda": True})
+    running, overlaps, lock = [], [], threading.Lock()
+
+    def fake_run(path, expectation):
+        with lock:
+            running.append(path.name)
+            overlaps.append(sorted(running))
+        time.sleep(0.05)
+        with lock:
+            running.remove(path.name)
+        return CaseResult(path=str(path), kind="script", expected_category=None, expected_rule=None)
+
+    monkeypatch.setattr(evaluate, "_run_script", fake_run)
+    evaluate.evaluate_scripts(tmp_path / "scripts", jobs=4)
+    gpu_together = [names for names in overlaps if sum(n != "c.py" for n in names) > 1]
+    assert gpu_together == [], gpu_together
+    assert any("c.py" in names and len(names) > 1 for names in overlaps), overlaps

@@ -12,10 +12,11 @@ import argparse
 import functools
 import json
 import os
+import statistics
 import subprocess
 import sys
-import statistics
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -155,9 +156,15 @@ def evaluate_scripts(
     """Each script labelled for this machine under the runner, `jobs` at once; `on_case` hears of each result (from
     a worker thread)."""
     cases = script_cases(root)
+    # One card for all: a GPU script run beside another (an OOM one filling the card) fails for the wrong reason.
+    one_gpu_script_at_a_time = threading.Lock()
 
     def run(case: tuple[Path, dict[str, Any]]) -> CaseResult:
-        result = _run_script(*case)
+        if uses_gpu(case[1]):
+            with one_gpu_script_at_a_time:
+                result = _run_script(*case)
+        else:
+            result = _run_script(*case)
         if on_case is not None:
             on_case(result)
         return result
@@ -189,6 +196,11 @@ def torch_here() -> dict[str, bool]:
 
 
 REQUIREMENTS = ("cuda", "cpu-build")
+
+
+def uses_gpu(expectation: dict[str, Any]) -> bool:
+    """Whether a script labelled for this machine runs on its GPU (a `requires: cuda` script where CUDA works)."""
+    return expectation.get("requires") == "cuda" and torch_here()["cuda"]
 
 
 def expectation_here(expectation: dict[str, Any]) -> dict[str, Any] | None:
