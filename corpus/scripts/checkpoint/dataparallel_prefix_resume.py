@@ -23,9 +23,11 @@ class Classifier(nn.Module):
 
 
 def train(path):
-    wrapped = nn.DataParallel(Classifier())  # multi-GPU training script
+    # A multi-GPU training script: DataParallel wants the model on the first GPU where there is one.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    wrapped = nn.DataParallel(Classifier().to(device))
     optimizer = torch.optim.Adam(wrapped.parameters(), lr=1e-3)
-    x, y = torch.randn(32, 20), torch.randint(0, 5, (32,))
+    x, y = torch.randn(32, 20, device=device), torch.randint(0, 5, (32,), device=device)
     for _ in range(5):
         loss = nn.functional.cross_entropy(wrapped(x), y)
         optimizer.zero_grad()

@@ -42,9 +42,10 @@ def save_checkpoint(state, is_best, filename="checkpoint.pth.tar"):
         shutil.copyfile(filename, os.path.join(os.path.dirname(filename), "model_best.pth.tar"))
 
 
-def train(train_loader, model, criterion, optimizer):
+def train(train_loader, model, criterion, optimizer, device):
     model.train()
     for images, target in train_loader:
+        images, target = images.to(device, non_blocking=True), target.to(device, non_blocking=True)
         loss = criterion(model(images), target)
         optimizer.zero_grad()
         loss.backward()
@@ -52,9 +53,11 @@ def train(train_loader, model, criterion, optimizer):
 
 
 def main_worker(args, workdir):
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = ResNetTiny()
     if not args.evaluate:
         model = torch.nn.DataParallel(model)  # "DataParallel will divide and allocate batch_size to all GPUs"
+    model = model.to(device)  # main.py: .cuda() where there is a GPU (DataParallel requires it there)
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=0.9, weight_decay=1e-4)
 
@@ -71,7 +74,7 @@ def main_worker(args, workdir):
     if args.evaluate:
         return
     for epoch in range(args.epochs):
-        train(train_loader, model, criterion, optimizer)
+        train(train_loader, model, criterion, optimizer, device)
         save_checkpoint({"epoch": epoch + 1, "arch": "resnet_tiny", "state_dict": model.state_dict(),
                          "best_acc1": 0.0, "optimizer": optimizer.state_dict()}, True,
                         os.path.join(workdir, "checkpoint.pth.tar"))
