@@ -436,3 +436,13 @@ def test_live_abort_at_exit_with_a_process_group_left_initialized(tmp_path):
     assert "died_at_exit" not in failed["incident"]["facts"], done.stderr[-2000:]
     assert "process_group_alive_at_exit" not in failed["incident"]["facts"]
     assert "distributed.process-group-not-destroyed" not in [d["rule"] for d in failed["diagnoses"]]
+
+
+@pytest.mark.parametrize("script", ["missing.py", "folder"])
+def test_a_script_python_cannot_run_is_one_line_and_launches_nothing(tmp_path, script):
+    (tmp_path / "folder").mkdir()
+    command = [sys.executable, "-m", "triage", "torchrun", "--standalone", "--nproc_per_node=2", script]
+    done = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"triage: {script}: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "nothing was launched" in done.stderr and "torchrun" not in done.stderr.lower()

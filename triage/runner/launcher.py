@@ -70,6 +70,10 @@ def run_job(options: RunOptions, argv_options: list[str]) -> int:
     if no_python:
         sys.stderr.write("triage: --no-python runs a program, not Python: its workers run without triage\n")
         return _finish(subprocess.call(launcher + options.args))
+    if not module and (problem := _unrunnable(script)):
+        # Said once, here, instead of by every worker the launcher would start, each failing to open it.
+        sys.stderr.write(f"triage: {script}: {problem}; nothing was launched\n")
+        return 2
     folder = Path(tempfile.mkdtemp(prefix="triage-job-"))
     rank_options = _rank_options(argv_options)
     command = launcher + launcher_args + ["-m", "triage", *rank_options, *(["-m"] if module else []), script, *script_args]
@@ -97,6 +101,13 @@ def run_job(options: RunOptions, argv_options: list[str]) -> int:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return _finish(code)
+
+
+def _unrunnable(script: str) -> str:
+    """Why python could not run `script` as a file ("" when it could: a file, or a folder with __main__.py)."""
+    if os.path.isdir(script):
+        return "" if os.path.isfile(os.path.join(script, "__main__.py")) else "a folder without __main__.py"
+    return "" if os.path.isfile(script) else "no such file"
 
 
 def _rank_options(argv: list[str]) -> list[str]:
