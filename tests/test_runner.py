@@ -680,3 +680,32 @@ def test_a_triaged_run_leaves_git_status_clean(tmp_path: Path) -> None:
     assert status.stdout == ""
     ignored = subprocess.run([*git, "status", "--porcelain", "--ignored"], cwd=tmp_path, capture_output=True, text=True)
     assert "triage-reports/" in ignored.stdout
+
+
+def test_a_script_that_exhausts_its_address_space_still_gets_its_traceback_and_report(tmp_path):
+    # The script fills its `ulimit -v` down to the last few KB and dies: without the reserve the child had no room
+    # left to print the user's traceback, and ended with triage's own MemoryError instead.
+    import resource
+
+    script = write(tmp_path, "fill.py", """\
+        blocks, size = [], 2**24
+        while size >= 2**12:
+            try:
+                while True:
+                    blocks.append(bytearray(size))
+            except MemoryError:
+                size //= 2
+        raise MemoryError("the address space is full")
+    """)
+    limit = 1536 * 1024**2
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    result = subprocess.run([sys.executable, "-m", "triage", "--no-probes", str(script)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=TIMEOUT, env=_env(), preexec_fn=cap)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr.startswith("Traceback (most recent call last):"), result.stderr[-2000:]
+    assert "MemoryError: the address space is full" in result.stderr
+    assert "internal error" not in result.stderr
+    assert "oom.host-memory-error" in result.stderr  # and then the report, with the room given back

@@ -28,6 +28,10 @@ from .options import STDIN_SCRIPT, interpreter_argv
 from .hooks import Heartbeat, TorchHooks, TorchImportWatcher, WarningRecorder
 
 EXIT_INTERNAL_DEBUG = 70
+# Address space held while the script runs and given back the moment it ends: a script that dies of exhausting its
+# limit (`ulimit -v`, a Python MemoryError) leaves none for the user's traceback and the report otherwise. Never
+# written, so it costs no resident memory.
+MEMORY_RESERVE_BYTES = 64 * 1024**2
 
 
 # Messages of errors that a NaN/Inf (or an overflow) causes downstream: an invalid distribution parameter, a
@@ -376,12 +380,14 @@ def run_child(target: str, module: bool, args: list[str], channel: Channel, conf
     _prepare_main(target, module, args)
     if session is not None:
         session.begin_user_code()
+    reserve = _MemoryReserve(MEMORY_RESERVE_BYTES)
     try:
         if module:
             _run_module(target)
         else:
             _run_path(target)
     except SystemExit as exit_:
+        reserve.release()
         if session is not None:
             if exit_.code in (None, 0):
                 session.report_health()
@@ -390,19 +396,35 @@ def run_child(target: str, module: bool, args: list[str], channel: Channel, conf
                 session.set_phase(PHASE_EXITING)
         raise
     except KeyboardInterrupt as exc:
+        reserve.release()
         _defer_python_signal_handlers()
         if session is not None:
             session.set_phase(PHASE_EXITING)
         _die_interrupted(exc, session)
     except BaseException as exc:
+        reserve.release()
         _defer_python_signal_handlers()
         if session is not None:
             session.set_phase(PHASE_TRIAGING)
         _exit_failed(exc, session)
+    reserve.release()
     if session is not None:
         session.report_health()
         session.script_ended()
     raise SystemExit(0)
+
+
+class _MemoryReserve:
+    """Address space set aside before the script runs, to be given back when it ends, however it ends."""
+
+    def __init__(self, size: int) -> None:
+        try:
+            self._block: bytearray | None = bytearray(size)  # calloc'd: mapped, never touched
+        except MemoryError:  # the limit is already that tight: run without one
+            self._block = None
+
+    def release(self) -> None:
+        self._block = None
 
 
 def _defer_python_signal_handlers() -> None:
