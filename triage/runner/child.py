@@ -418,13 +418,17 @@ class _MemoryReserve:
     """Address space set aside before the script runs, to be given back when it ends, however it ends."""
 
     def __init__(self, size: int) -> None:
-        try:
-            self._block: bytearray | None = bytearray(size)  # calloc'd: mapped, never touched
-        except MemoryError:  # the limit is already that tight: run without one
+        import mmap
+
+        try:  # an anonymous mapping never written: no page of it is ever resident (a bytearray is zero-filled)
+            self._block: mmap.mmap | None = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except (OSError, ValueError):  # the limit is already that tight: run without one
             self._block = None
 
     def release(self) -> None:
-        self._block = None
+        if self._block is not None:
+            self._block.close()
+            self._block = None
 
 
 def _defer_python_signal_handlers() -> None:
