@@ -159,3 +159,12 @@ def test_the_known_message_fallback_never_reads_ordinary_lines_as_an_error(tmp_p
     log.write_text("epoch 1 step 100 loss 0.73\nepoch 1 step 200 loss 0.61\nsaving checkpoint to runs/ckpt.pt\n")
     report = explain_log(str(log), kb)
     assert report.diagnoses == [] and report.incident.exception is None
+
+
+def test_cjk_prose_glued_to_an_error_type_stays_out_of_the_type():
+    # The error quoted first, its frame pasted below: the prose touching the type is not part of the name.
+    text = ('训练时报错RuntimeError: CUDA error: out of memory\n\n报错位置:\n'
+            '  File "main.py", line 30, in <module>\n    out = model(images)\n')
+    incident = parse_text(text)
+    assert [(e.type, [f.file for f in e.frames]) for e in incident.exceptions] == [("RuntimeError", ["main.py"])]
+    assert incident.exception.message == "CUDA error: out of memory"

@@ -70,9 +70,10 @@ _REPEATED = re.compile(r"\s*\[Previous line repeated (?P<count>\d{1,9}) more tim
 
 # After a traceback's frames: `RuntimeError: msg`, `torch.OutOfMemoryError: msg`, `_queue.Empty`.
 _EXCEPTION_LINE = re.compile(r"(?P<type>(?:[A-Za-z_]\w*\.)*_?[A-Z]\w*)(?::(?: (?P<msg>.*)|$)|$)")
-# With no traceback around it, only names that read as errors count.
+# With no traceback around it, only names that read as errors count: ASCII names (`\w` would take the CJK prose a
+# paste glues to the type, "...出现错误ValueError: ...", into it).
 _BARE_ERROR_LINE = re.compile(
-    r"(?P<type>(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Interrupt|Exit|Failure)|(?:[a-z_]\w*\.){2,}[A-Z]\w*)"
+    r"(?P<type>(?:[A-Za-z_]\w*\.)*[A-Za-z0-9_]*(?:Error|Exception|Interrupt|Exit|Failure)|(?:[a-z_]\w*\.){2,}[A-Z]\w*)"
     r"(?::(?: (?P<msg>.*)|$)|$)"
 )
 
