@@ -142,6 +142,21 @@ def test_a_known_pytorch_message_on_any_line_gets_a_pytorch_diagnosis(name, rule
     assert any("known message" in note for note in report.incident.notes)
 
 
+@pytest.mark.parametrize("text", [
+    # an issue's title, the message alone (I2-Multimedia-Lab/ProxyFormer#16)
+    "No module named 'models'\n",
+    # mid-sentence, after the reporter's words (the wording of WongKinYiu/yolov7#628, without its type)
+    "when I run detect.py I got the error No module named 'utils.datasets'\n",
+])
+def test_a_python_message_pasted_without_its_type_reads_as_the_error_it_is(text, tmp_path, kb):
+    # checkpoint.pickled-class-missing knows the same words, but only in torch.load's frames, which such a paste lacks
+    log = tmp_path / "issue.log"
+    log.write_text(text)
+    report = explain_log(str(log), kb)
+    assert report.incident.exception.type == "ModuleNotFoundError"
+    assert report.diagnoses and report.diagnoses[0].rule == "python.module-not-found"
+
+
 def test_a_known_message_ends_where_the_reporter_s_own_words_start(tmp_path, kb):
     # a bare message, then the reporter's prose in Chinese on the next line (FreedomIntelligence/HuatuoGPT-II style)
     log = tmp_path / "issue.log"

@@ -52,23 +52,30 @@ def _known_message_finder(kb: KnowledgeBase, pytorch_only: bool = False):
     Only exact PyTorch wordings count: keyword patterns, catch-alls (a backend's `[^\\n]+`) and `*.generic`
     rules would read any line that mentions a worker or a device as an error. With `pytorch_only`, the
     messages of Python rules (`No such file or directory`) do not count either.
+
+    Where two rules read a message from the same place, one that needs no frame gives the type: the message was
+    pasted without its traceback, and a rule's first exception type need not be the one that pattern is raised
+    as (checkpoint.pickled-class-missing reads `No module named` only in torch.load's frames, and lists
+    AttributeError first, for `Can't get attribute`).
     """
-    known = [(pattern, rule.exception_types[0].rsplit(".", 1)[-1] if rule.exception_types else "")
+    known = [(pattern, rule.exception_types[0].rsplit(".", 1)[-1] if rule.exception_types else "",
+              bool(rule.frame) and not rule.frame.get("or_no_traceback"))
              for rule in kb.rules if not rule.id.endswith(".generic")
              and not (pytorch_only and rule.category == PYTHON_CATEGORY)
              for pattern in rule.messages if not _matches_ordinary_lines(pattern)]
 
     def find(text: str) -> tuple[str, int] | None:
-        earliest: tuple[str, int] | None = None
-        for pattern, exc_type in known:
+        earliest: tuple[int, bool, str] | None = None
+        for pattern, exc_type, needs_frame in known:
             try:
                 found = pattern.search(text)
             except PatternTimeout:
                 continue
             # An empty match is no message (`\A\Z`, an exception printed without one, matches any empty text).
-            if found is not None and found.end() > found.start() and (earliest is None or found.start() < earliest[1]):
-                earliest = (exc_type, found.start())
-        return earliest
+            if found is not None and found.end() > found.start() and (
+                    earliest is None or (found.start(), needs_frame) < earliest[:2]):
+                earliest = (found.start(), needs_frame, exc_type)
+        return None if earliest is None else (earliest[2], earliest[0])
 
     return find
 
