@@ -482,8 +482,17 @@ RANKS_REPEAT_WHAT_THE_LOG_RULE_READ = "".join(
         (UNTYPED_ERROR_THEN_ARCH_WARNING, "cuda-env.no-kernel-image-arch", True),
         # every rank prints the line the log rule read: no copy of it becomes an exception
         (RANKS_REPEAT_WHAT_THE_LOG_RULE_READ, "distributed.nccl-watchdog-timeout-in-log", False),
-        # the untyped message is the very line the log rule read
-        ('"CUDA error: device-side assert triggered"\n', "cuda-assert.device-side-assert-in-log", False),
+        # a device-side assert pasted alone without its type (a title, a quote): it is the error itself, read as the
+        # exception its rule knows, whose causes the assertion text and frames choose; no log rule reads it
+        ('"CUDA error: device-side assert triggered"\n', "cuda-assert.device-side-assert", True),
+        # thrust's wording in prose (MhLiao/DB#233), and the kernel's assertion printed after it names the cause
+        ("运行报copy_if failed to synchronize: cudaErrorAssert: device-side assert triggered\n"
+         "/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:60: lambda []()->auto::operator()()->auto: block: [0,0,0], "
+         'thread: [7,0,0] Assertion `index >= -sizes[i] && index < sizes[i] && "index out of bounds"` failed.\n',
+         "cuda-assert.indexing-out-of-bounds", True),
+        # a logger's device-side assert line, then the later error the paste ends with: the log rule explains it
+        ("ERROR 05-01 10:00:00 [worker.py:88] CUDA error: device-side assert triggered\n"
+         "RuntimeError: Worker process 3 died unexpectedly.\n", "cuda-assert.device-side-assert-in-log", True),
         # the allocator's message pasted without its type: its wording's rule, no log rule reads a lone OOM line
         ('"CUDA out of memory. Tried to allocate 1.79 GiB (GPU 0; 12.00 GiB total capacity; 8.93 GiB already allocated; '
          '0 bytes free; 11.21 GiB reserved in total by PyTorch)"\n', "oom.gpu-out-of-memory-legacy", True),
@@ -492,8 +501,8 @@ RANKS_REPEAT_WHAT_THE_LOG_RULE_READ = "".join(
          "of which 514.19 MiB is free.\nRuntimeError: Engine core initialization failed. See root cause above.\n",
          "oom.gpu-out-of-memory-in-log", True),
     ],
-    ids=["error-beside-warning", "ranks-repeat-the-read-line", "message-is-the-read-line", "oom-wording-without-type",
-         "oom-line-beside-a-later-error"],
+    ids=["error-beside-warning", "ranks-repeat-the-read-line", "dsa-alone-without-type", "dsa-thrust-in-prose-with-assertion",
+         "dsa-line-beside-a-later-error", "oom-wording-without-type", "oom-line-beside-a-later-error"],
 )  # fmt: skip
 def test_untyped_message_beside_a_log_line_rule(tmp_path, text, leading, typed):
     from triage.explain import explain_log
