@@ -142,6 +142,22 @@ def test_shell_kill_message_is_a_hard_crash():
     assert (incident.kind, incident.signal, incident.exit_code) == ("hard-crash", "SIGKILL", 137)
 
 
+@pytest.mark.parametrize("bar", [
+    # tqdm leaves its bar without a newline, so the shell's report lands on the bar's line (as in a model load's
+    # "Loading checkpoint shards:   0%|          | 0/2 [00:00<?, ?it/s]Killed")
+    "Loading checkpoint shards:   0%|          | 0/4 [00:00<?, ?it/s]Killed",
+    "Reading shards: 52113it [02:40, 325.10it/s]Killed",
+])  # fmt: skip
+def test_shell_kill_glued_to_a_progress_bar_is_a_hard_crash(bar):
+    incident = parse_text(f"Training with 1 GPU.\n{bar}\n")
+    assert (incident.kind, incident.signal, incident.exit_code) == ("hard-crash", "SIGKILL", 137)
+
+
+def test_the_word_killed_in_prose_is_no_signal_death():
+    incident = parse_text("the process got killed when I pressed ctrl-c, then I restarted it\n")
+    assert (incident.kind, incident.signal) == ("exception", None)
+
+
 def test_traceback_cut_off_mid_frame():
     incident = parse_text('Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    model(x)\n  File "/x/site-packages/torch/nn/mod')
     assert incident.exception.type == ""

@@ -118,8 +118,10 @@ _WRAPPER_TYPES = {"ChildFailedError", "ProcessRaisedException", "ProcessExitedEx
 _TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d{1,9}) \(local_rank:")
 _TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d{1,9})")
 _SIGNAL_RECEIVED = re.compile(r"Signal (?P<num>\d{1,9}) \((?P<name>SIG[A-Z]+)\) received by PID")
+# The shell's report of a signal death: alone, with the job's pid and command, or glued after a progress bar's closing
+# bracket (tqdm writes its bar without a newline, so `... 3.06it/s]Killed`).
 _SHELL_DEATH = re.compile(
-    r"(?:^|\s)(?P<what>Killed|Segmentation fault|Bus error|Aborted|Floating point exception|Illegal instruction)"
+    r"(?:^|\s|\])(?P<what>Killed|Segmentation fault|Bus error|Aborted|Floating point exception|Illegal instruction)"
     r"(?: \(core dumped\))?(?:\s+.*)?$"
 )
 _FATAL_PYTHON = re.compile(r"Fatal Python error: (?P<what>Segmentation fault|Bus error|Aborted|Floating point exception)")
