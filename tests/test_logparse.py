@@ -158,6 +158,25 @@ def test_the_word_killed_in_prose_is_no_signal_death():
     assert (incident.kind, incident.signal) == ("exception", None)
 
 
+@pytest.mark.parametrize(("text", "sigkilled"), [
+    ("epoch 3 loss 0.41\nKilled\n", True),
+    (" 12%|█▏        | 118/1000 [00:40<05:01,  2.93it/s]Killed\n", True),
+    ("/var/spool/slurm/job42/slurm_script: line 9:  5120 Killed                  python train.py\n", True),
+    ("[1]+  Killed                  python train.py --epochs 10\n", True),
+    # the word in a sentence is what the reporter says happened, not the shell's report
+    ("My training process got Killed after 3 epochs, what is wrong?\n", False),
+    ("Killed by ctrl-c, then I restarted it\n", False),
+])  # fmt: skip
+def test_only_the_shells_report_of_a_kill_reads_as_sigkill_oom(tmp_path, text, sigkilled):
+    from triage.explain import explain_log
+    from triage.kb import load_builtin
+
+    path = tmp_path / "pasted.log"
+    path.write_text(text)
+    report = explain_log(str(path), load_builtin())
+    assert any(d.rule == "oom.process-sigkilled" for d in report.diagnoses) == sigkilled
+
+
 def test_traceback_cut_off_mid_frame():
     incident = parse_text('Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    model(x)\n  File "/x/site-packages/torch/nn/mod')
     assert incident.exception.type == ""
