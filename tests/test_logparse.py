@@ -147,8 +147,11 @@ def test_shell_kill_message_is_a_hard_crash():
     # "Loading checkpoint shards:   0%|          | 0/2 [00:00<?, ?it/s]Killed")
     "Loading checkpoint shards:   0%|          | 0/4 [00:00<?, ?it/s]Killed",
     "Reading shards: 52113it [02:40, 325.10it/s]Killed",
+    # zsh's report names the command (macOS's default shell)
+    "zsh: killed     python3 train.py --epochs 20",
+    "Generating:  40%|████      | 6/15 [01:12<01:48, 12.05s/it]zsh: killed     python3 generate.py",
 ])  # fmt: skip
-def test_shell_kill_glued_to_a_progress_bar_is_a_hard_crash(bar):
+def test_shell_kill_glued_to_a_progress_bar_or_from_zsh_is_a_hard_crash(bar):
     incident = parse_text(f"Training with 1 GPU.\n{bar}\n")
     assert (incident.kind, incident.signal, incident.exit_code) == ("hard-crash", "SIGKILL", 137)
 
