@@ -166,6 +166,7 @@ def test_the_word_killed_in_prose_is_no_signal_death():
     (" 12%|█▏        | 118/1000 [00:40<05:01,  2.93it/s]Killed\n", True),
     ("/var/spool/slurm/job42/slurm_script: line 9:  5120 Killed                  python train.py\n", True),
     ("[1]+  Killed                  python train.py --epochs 10\n", True),
+    ("step 400 loss 1.92\nzsh: killed     python3 train.py --epochs 10\n", True),
     # the word in a sentence is what the reporter says happened, not the shell's report
     ("My training process got Killed after 3 epochs, what is wrong?\n", False),
     ("Killed by ctrl-c, then I restarted it\n", False),
