@@ -142,6 +142,45 @@ def test_shell_kill_message_is_a_hard_crash():
     assert (incident.kind, incident.signal, incident.exit_code) == ("hard-crash", "SIGKILL", 137)
 
 
+@pytest.mark.parametrize("bar", [
+    # tqdm leaves its bar without a newline, so the shell's report lands on the bar's line (as in a model load's
+    # "Loading checkpoint shards:   0%|          | 0/2 [00:00<?, ?it/s]Killed")
+    "Loading checkpoint shards:   0%|          | 0/4 [00:00<?, ?it/s]Killed",
+    "Reading shards: 52113it [02:40, 325.10it/s]Killed",
+    # zsh's report names the command (macOS's default shell)
+    "zsh: killed     python3 train.py --epochs 20",
+    "Generating:  40%|████      | 6/15 [01:12<01:48, 12.05s/it]zsh: killed     python3 generate.py",
+])  # fmt: skip
+def test_shell_kill_glued_to_a_progress_bar_or_from_zsh_is_a_hard_crash(bar):
+    incident = parse_text(f"Training with 1 GPU.\n{bar}\n")
+    assert (incident.kind, incident.signal, incident.exit_code) == ("hard-crash", "SIGKILL", 137)
+
+
+def test_the_word_killed_in_prose_is_no_signal_death():
+    incident = parse_text("the process got killed when I pressed ctrl-c, then I restarted it\n")
+    assert (incident.kind, incident.signal) == ("exception", None)
+
+
+@pytest.mark.parametrize(("text", "sigkilled"), [
+    ("epoch 3 loss 0.41\nKilled\n", True),
+    (" 12%|█▏        | 118/1000 [00:40<05:01,  2.93it/s]Killed\n", True),
+    ("/var/spool/slurm/job42/slurm_script: line 9:  5120 Killed                  python train.py\n", True),
+    ("[1]+  Killed                  python train.py --epochs 10\n", True),
+    ("step 400 loss 1.92\nzsh: killed     python3 train.py --epochs 10\n", True),
+    # the word in a sentence is what the reporter says happened, not the shell's report
+    ("My training process got Killed after 3 epochs, what is wrong?\n", False),
+    ("Killed by ctrl-c, then I restarted it\n", False),
+])  # fmt: skip
+def test_only_the_shells_report_of_a_kill_reads_as_sigkill_oom(tmp_path, text, sigkilled):
+    from triage.explain import explain_log
+    from triage.kb import load_builtin
+
+    path = tmp_path / "pasted.log"
+    path.write_text(text)
+    report = explain_log(str(path), load_builtin())
+    assert any(d.rule == "oom.process-sigkilled" for d in report.diagnoses) == sigkilled
+
+
 def test_traceback_cut_off_mid_frame():
     incident = parse_text('Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    model(x)\n  File "/x/site-packages/torch/nn/mod')
     assert incident.exception.type == ""
@@ -482,8 +521,17 @@ RANKS_REPEAT_WHAT_THE_LOG_RULE_READ = "".join(
         (UNTYPED_ERROR_THEN_ARCH_WARNING, "cuda-env.no-kernel-image-arch", True),
         # every rank prints the line the log rule read: no copy of it becomes an exception
         (RANKS_REPEAT_WHAT_THE_LOG_RULE_READ, "distributed.nccl-watchdog-timeout-in-log", False),
-        # the untyped message is the very line the log rule read
-        ('"CUDA error: device-side assert triggered"\n', "cuda-assert.device-side-assert-in-log", False),
+        # a device-side assert pasted alone without its type (a title, a quote): it is the error itself, read as the
+        # exception its rule knows, whose causes the assertion text and frames choose; no log rule reads it
+        ('"CUDA error: device-side assert triggered"\n', "cuda-assert.device-side-assert", True),
+        # thrust's wording in prose (MhLiao/DB#233), and the kernel's assertion printed after it names the cause
+        ("运行报copy_if failed to synchronize: cudaErrorAssert: device-side assert triggered\n"
+         "/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:60: lambda []()->auto::operator()()->auto: block: [0,0,0], "
+         'thread: [7,0,0] Assertion `index >= -sizes[i] && index < sizes[i] && "index out of bounds"` failed.\n',
+         "cuda-assert.indexing-out-of-bounds", True),
+        # a logger's device-side assert line, then the later error the paste ends with: the log rule explains it
+        ("ERROR 05-01 10:00:00 [worker.py:88] CUDA error: device-side assert triggered\n"
+         "RuntimeError: Worker process 3 died unexpectedly.\n", "cuda-assert.device-side-assert-in-log", True),
         # the allocator's message pasted without its type: its wording's rule, no log rule reads a lone OOM line
         ('"CUDA out of memory. Tried to allocate 1.79 GiB (GPU 0; 12.00 GiB total capacity; 8.93 GiB already allocated; '
          '0 bytes free; 11.21 GiB reserved in total by PyTorch)"\n', "oom.gpu-out-of-memory-legacy", True),
@@ -492,8 +540,8 @@ RANKS_REPEAT_WHAT_THE_LOG_RULE_READ = "".join(
          "of which 514.19 MiB is free.\nRuntimeError: Engine core initialization failed. See root cause above.\n",
          "oom.gpu-out-of-memory-in-log", True),
     ],
-    ids=["error-beside-warning", "ranks-repeat-the-read-line", "message-is-the-read-line", "oom-wording-without-type",
-         "oom-line-beside-a-later-error"],
+    ids=["error-beside-warning", "ranks-repeat-the-read-line", "dsa-alone-without-type", "dsa-thrust-in-prose-with-assertion",
+         "dsa-line-beside-a-later-error", "oom-wording-without-type", "oom-line-beside-a-later-error"],
 )  # fmt: skip
 def test_untyped_message_beside_a_log_line_rule(tmp_path, text, leading, typed):
     from triage.explain import explain_log

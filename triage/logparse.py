@@ -119,13 +119,17 @@ _WRAPPER_TYPES = {"ChildFailedError", "ProcessRaisedException", "ProcessExitedEx
 _TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d{1,9}) \(local_rank:")
 _TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d{1,9})")
 _SIGNAL_RECEIVED = re.compile(r"Signal (?P<num>\d{1,9}) \((?P<name>SIG[A-Z]+)\) received by PID")
+# The shell's report of a signal death: alone, with the job's pid and command, or glued after a progress bar's closing
+# bracket (tqdm writes its bar without a newline, so `... 3.06it/s]Killed`); zsh's is `zsh: killed     python train.py`.
 _SHELL_DEATH = re.compile(
-    r"(?:^|\s)(?P<what>Killed|Segmentation fault|Bus error|Aborted|Floating point exception|Illegal instruction)"
+    r"(?:^|\s|\])(?P<what>Killed|zsh: killed|Segmentation fault|Bus error|Aborted|Floating point exception"
+    r"|Illegal instruction)"
     r"(?: \(core dumped\))?(?:\s+.*)?$"
 )
 _FATAL_PYTHON = re.compile(r"Fatal Python error: (?P<what>Segmentation fault|Bus error|Aborted|Floating point exception)")
 _SIGNALS = {
     "Killed": ("SIGKILL", 9),
+    "zsh: killed": ("SIGKILL", 9),
     "Segmentation fault": ("SIGSEGV", 11),
     "Bus error": ("SIGBUS", 7),
     "Aborted": ("SIGABRT", 6),
@@ -147,7 +151,9 @@ _NOTABLE_WORDS = (
     "error", "assert", "nan", "inf", "killed", "signal", "nccl", "warn", "exception", "timeout",
     "timed out", "fail", "out of memory", "segmentation", "abort", "silent:",
 )  # fmt: skip
-_DEATH_WORDS = ("Signal ", "exitcode", "rank", "Killed", "fault", "Bus error", "Aborted", "exception", "instruction")
+_DEATH_WORDS = (
+    "Signal ", "exitcode", "rank", "Killed", "zsh: killed", "fault", "Bus error", "Aborted", "exception", "instruction",
+)  # fmt: skip
 
 
 @dataclass
