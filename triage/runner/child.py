@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import faulthandler
 import marshal
+import mmap
 import os
 import re
 import signal
@@ -382,12 +383,14 @@ def run_child(target: str, module: bool, args: list[str], channel: Channel, conf
         session.begin_user_code()
     reserve = _MemoryReserve(MEMORY_RESERVE_BYTES)
     try:
-        if module:
-            _run_module(target)
-        else:
-            _run_path(target)
+        try:
+            if module:
+                _run_module(target)
+            else:
+                _run_path(target)
+        finally:  # before anything below runs, however the script ended
+            reserve.release()
     except SystemExit as exit_:
-        reserve.release()
         if session is not None:
             if exit_.code in (None, 0):
                 session.report_health()
@@ -396,18 +399,15 @@ def run_child(target: str, module: bool, args: list[str], channel: Channel, conf
                 session.set_phase(PHASE_EXITING)
         raise
     except KeyboardInterrupt as exc:
-        reserve.release()
         _defer_python_signal_handlers()
         if session is not None:
             session.set_phase(PHASE_EXITING)
         _die_interrupted(exc, session)
     except BaseException as exc:
-        reserve.release()
         _defer_python_signal_handlers()
         if session is not None:
             session.set_phase(PHASE_TRIAGING)
         _exit_failed(exc, session)
-    reserve.release()
     if session is not None:
         session.report_health()
         session.script_ended()
@@ -418,8 +418,6 @@ class _MemoryReserve:
     """Address space set aside before the script runs, to be given back when it ends, however it ends."""
 
     def __init__(self, size: int) -> None:
-        import mmap
-
         try:  # an anonymous mapping never written: no page of it is ever resident (a bytearray is zero-filled)
             self._block: mmap.mmap | None = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         except (OSError, ValueError):  # the limit is already that tight: run without one
