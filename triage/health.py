@@ -25,6 +25,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .graph_walk import autograd_nodes
 from .live_objects import live_objects
 
 MAX_POINTS = 256  # loss and memory buckets kept; pairs merge when full
@@ -183,15 +184,7 @@ class HealthMonitor:
         self.graph_samples += 1
         # ReLU outputs are counted (a pass over each activation) in the 2nd graph and then in the 16th, 32nd, ...
         read_relus = count == 2 or count >= 16
-        seen: dict[int, Any] = {}  # holds the nodes: a freed node's id can be reused by the next one (torch 2.11 did)
-        stack = [loss.grad_fn]
-        nodes = 0
-        while stack and nodes < MAX_GRAPH_NODES:
-            node = stack.pop()
-            if node is None or id(node) in seen:
-                continue
-            seen[id(node)] = node
-            nodes += 1
+        for node in autograd_nodes([loss.grad_fn], MAX_GRAPH_NODES):
             name = type(node).__name__
             if name == "AccumulateGrad":
                 leaf = node.variable
@@ -207,7 +200,6 @@ class HealthMonitor:
                 self._read_loss_node(node)
             elif name == "ReluBackward0" and read_relus:
                 self._read_relu(node)
-            stack.extend(next_node for next_node, _ in node.next_functions)
 
     def _read_loss_node(self, node: Any) -> None:
         scores = node._saved_self  # the log-probabilities: [N, C] (or [N, C, ...])
@@ -722,15 +714,7 @@ def _graph_holders(main_globals: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _count_nodes(root: Any) -> int:
-    seen: dict[int, Any] = {}  # holds the nodes, so that no id is reused during the walk
-    stack = [root]
-    while stack and len(seen) < MAX_GRAPH_NODES:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen[id(node)] = node
-        stack.extend(n for n, _ in node.next_functions)
-    return len(seen)
+    return sum(1 for _ in autograd_nodes([root], MAX_GRAPH_NODES))
 
 
 # ---------------------------------------------------------------------------- the run's end

@@ -14,13 +14,13 @@ copies nothing; the graph is walked in an experiment's child.
 from __future__ import annotations
 
 import re
-from collections import deque
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..diagnosis import ProbeResult
+from ..graph_walk import autograd_nodes
 from ._support import describe, result, torch_frame_locals
 from .context import ProbeContext
 
@@ -83,15 +83,10 @@ def _roots(ctx: ProbeContext) -> list[Any]:
 
 def _walk(roots: list[Any]) -> tuple[list[tuple[Any, str]], int, int]:
     """(nodes whose saved tensor is stale, with the field; nodes whose saved tensors were freed; nodes walked)."""
-    seen: dict[int, Any] = {}  # holds the nodes, so that no id is reused during the walk
-    queue = deque(roots)
     stale: list[tuple[Any, str]] = []
-    freed = 0
-    while queue and len(seen) < _MAX_NODES:
-        node = queue.popleft()
-        if node is None or id(node) in seen:
-            continue
-        seen[id(node)] = node
+    freed = walked = 0
+    for node in autograd_nodes(roots, _MAX_NODES, breadth_first=True):
+        walked += 1
         node_freed = False
         for field in (a for a in dir(node) if a.startswith("_saved_")):
             try:
@@ -102,8 +97,7 @@ def _walk(roots: list[Any]) -> tuple[list[tuple[Any, str]], int, int]:
                 elif _FREED.search(str(exc)):
                     node_freed = True
         freed += node_freed
-        queue.extend(child for child, _ in getattr(node, "next_functions", ()) if child is not None)
-    return stale, freed, len(seen)
+    return stale, freed, walked
 
 
 def _leaf(node: Any, version: int | None, shape: list[int] | None, depth: int = 3) -> torch.Tensor | None:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..diagnosis import ProbeResult
+from ..graph_walk import autograd_nodes
 from ._support import Unavailable, describe, display_name, exception_line, module_names, result
 from .context import ProbeContext
 from .step import Step, call, first_tensor, rebuild
@@ -259,12 +260,7 @@ def _functional_relus(loss: torch.Tensor | None) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     if loss is None or loss.grad_fn is None:
         return found
-    stack, visited = [loss.grad_fn], {}  # visited holds the nodes, so that no id is reused during the walk
-    while stack and len(visited) < 20_000:
-        node = stack.pop()
-        if node is None or id(node) in visited:
-            continue
-        visited[id(node)] = node
+    for node in autograd_nodes([loss.grad_fn], 20_000):
         if type(node).__name__ == "ReluBackward0":
             try:
                 saved = node._saved_result
@@ -272,7 +268,6 @@ def _functional_relus(loss: torch.Tensor | None) -> list[dict[str, Any]]:
                 saved = None
             if isinstance(saved, torch.Tensor) and saved.dim() >= 2:
                 found.append(_units(saved.detach(), f"a functional relu of shape {list(saved.shape)}"))
-        stack.extend(n for n, _ in node.next_functions)
     return found
 
 
