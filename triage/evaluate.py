@@ -9,6 +9,7 @@ scripts run under the runner in a subprocess, as a user would run them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -160,10 +161,7 @@ def evaluate_scripts(
     one_gpu_script_at_a_time = threading.Lock()
 
     def run(case: tuple[Path, dict[str, Any]]) -> CaseResult:
-        if uses_gpu(case[1]):
-            with one_gpu_script_at_a_time:
-                result = _run_script(*case)
-        else:
+        with one_gpu_script_at_a_time if uses_gpu(case[1]) else contextlib.nullcontext():
             result = _run_script(*case)
         if on_case is not None:
             on_case(result)

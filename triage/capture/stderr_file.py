@@ -55,17 +55,13 @@ class StderrFile:
     def kernel_assertions(self) -> list[str]:
         """The distinct kernel assertions written since the run started (one line each, block and thread numbers
         aside), oldest first; empty when the file cannot be read."""
-        found: dict[str, str] = {}
-        for line in self._lines():
-            if KERNEL_ASSERTION.match(line):
-                found.setdefault(_BLOCK_THREAD.sub("", line), line)
-        return list(found.values())[:MAX_LINES]
+        return _kernel_assertions(self._lines())
 
     def native_failure(self) -> list[str]:
         """The lines a native failure wrote before the process died: the kernel assertions, then the last
         MAX_LINES of C++ terminate / glog error lines, oldest first."""
-        failing = [line for line in self._lines() if NATIVE_FAILURE.match(line)]
-        return self.kernel_assertions() + failing[-MAX_LINES:]
+        lines = self._lines()
+        return _kernel_assertions(lines) + [line for line in lines if NATIVE_FAILURE.match(line)][-MAX_LINES:]
 
     def _lines(self) -> list[str]:
         """The lines written since the run started, at most the last READ_BYTES of them."""
@@ -81,3 +77,11 @@ class StderrFile:
             return []
         lines = text.splitlines()[1 if begin > self.start else 0:]  # a window's first line may be cut
         return [line.rstrip() for line in lines]
+
+
+def _kernel_assertions(lines: list[str]) -> list[str]:
+    found: dict[str, str] = {}
+    for line in lines:
+        if KERNEL_ASSERTION.match(line):
+            found.setdefault(_BLOCK_THREAD.sub("", line), line)
+    return list(found.values())[:MAX_LINES]
