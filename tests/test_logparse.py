@@ -156,9 +156,25 @@ def test_shell_kill_glued_to_a_progress_bar_or_from_zsh_is_a_hard_crash(bar):
     assert (incident.kind, incident.signal, incident.exit_code) == ("hard-crash", "SIGKILL", 137)
 
 
-def test_the_word_killed_in_prose_is_no_signal_death():
-    incident = parse_text("the process got killed when I pressed ctrl-c, then I restarted it\n")
-    assert (incident.kind, incident.signal) == ("exception", None)
+@pytest.mark.parametrize("prose", [
+    "the process got killed when I pressed ctrl-c, then I restarted it",
+    "My training process got Killed after 3 epochs, what is wrong?",
+    "Killed by ctrl-c, then I restarted it",
+    "I get a Segmentation fault when importing torch after cv2",
+])  # fmt: skip
+def test_the_word_killed_in_prose_is_no_signal_death(prose):
+    incident = parse_text(f"{prose}\n")
+    assert incident.signal is None
+
+
+@pytest.mark.parametrize(("report", "signal"), [
+    ("Segmentation fault (core dumped)", "SIGSEGV"),
+    ("./run.sh: line 3: 48213 Segmentation fault      (core dumped) python train.py", "SIGSEGV"),
+    ("[2]-  Bus error               python train.py", "SIGBUS"),
+    ("Aborted (core dumped)", "SIGABRT"),
+])  # fmt: skip
+def test_the_shells_signal_reports_name_the_signal(report, signal):
+    assert parse_text(f"step 3 loss 0.9\n{report}\n").signal == signal
 
 
 @pytest.mark.parametrize(("text", "sigkilled"), [

@@ -119,12 +119,14 @@ _WRAPPER_TYPES = {"ChildFailedError", "ProcessRaisedException", "ProcessExitedEx
 _TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d{1,9}) \(local_rank:")
 _TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d{1,9})")
 _SIGNAL_RECEIVED = re.compile(r"Signal (?P<num>\d{1,9}) \((?P<name>SIG[A-Z]+)\) received by PID")
-# The shell's report of a signal death: alone, with the job's pid and command, or glued after a progress bar's closing
-# bracket (tqdm writes its bar without a newline, so `... 3.06it/s]Killed`); zsh's is `zsh: killed     python train.py`.
+# The shell's report of a signal death: alone on its line, after the job's pid (`line 9:  5120 Killed`) or job number
+# (`[1]+  Killed`), or glued after a progress bar's closing bracket (tqdm writes its bar without a newline, so
+# `... 3.06it/s]Killed`); the command follows in a padded column. zsh's is `zsh: killed     python train.py`.
+# The word inside a sentence ("my run got Killed after 3 epochs") is the reporter's account, not the shell's report.
 _SHELL_DEATH = re.compile(
-    r"(?:^|\s|\])(?P<what>Killed|zsh: killed|Segmentation fault|Bus error|Aborted|Floating point exception"
-    r"|Illegal instruction)"
-    r"(?: \(core dumped\))?(?:\s+.*)?$"
+    r"(?:^\s*|\]|(?<=\d)\s+|[+-]\s+)(?P<what>Killed|zsh: killed|Segmentation fault|Bus error|Aborted"
+    r"|Floating point exception|Illegal instruction)"
+    r"(?:\s*\(core dumped\))?(?:\s{2,}\S.*)?\s*$"
 )
 _FATAL_PYTHON = re.compile(r"Fatal Python error: (?P<what>Segmentation fault|Bus error|Aborted|Floating point exception)")
 _SIGNALS = {
