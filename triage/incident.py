@@ -126,6 +126,15 @@ class ExceptionInfo:
                 return frame
         return None
 
+    @property
+    def spawn_echo(self) -> bool:
+        """A spawned child that died unpickling what its parent sent (`EOFError: Ran out of input` in
+        multiprocessing's spawn bootstrap): the echo of the parent's own error, printed beside it on Windows."""
+        if self.short_type != "EOFError":
+            return False  # a child's own failure (`Can't get attribute 'X' on <module '__main__'>`) is the cause
+        return any(frame.function in ("spawn_main", "_main")
+                   and frame.file.replace("\\", "/").endswith("multiprocessing/spawn.py") for frame in self.frames[-3:])
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "type": self.type,

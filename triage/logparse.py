@@ -109,8 +109,10 @@ _ELISIONS = ("...", "…", "[...]", "(...)")
 _WIDE_BLANKS = re.compile(r"[ \t]{64,}")
 
 # Lines that never continue an exception message, though printed right after one.
+# (PyCharm's console prints `python-BaseException` under each traceback it shows.)
 _NOT_MESSAGE = re.compile(
     r"\S+\.(?:cu|cuh|cpp|h|c):\d+: .*Assertion `|\S+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)|\[W\d{3,4} "
+    r"|python-BaseException\s*$"
 )
 _WORKER = re.compile(r"in DataLoader worker process (?P<worker>\d{1,9})")
 _SPAWNED_PROCESS = re.compile(r"-- Process (?P<rank>\d{1,9}) terminated with the following error")
@@ -622,8 +624,9 @@ def adopt_known_message(
         return False
     root = incident.exception
     # A wrapper's message ("Caught KeyError in DataLoader worker process 0") only points at the root.
+    # Nor does a spawned child's EOFError, the echo of its parent's error.
     others = [exc.message for exc in incident.exceptions if beside and exc is not root and exc.message
-              and not exc.wrapper and exc.short_type not in _WRAPPER_TYPES]
+              and not exc.wrapper and exc.short_type not in _WRAPPER_TYPES and not exc.spawn_echo]
     # No message needs a run of 64 blanks; collapsing them keeps every pattern's search short on padded lines.
     lines = [_WIDE_BLANKS.sub(" ", line) for line in [*incident.log_lines, *"\n\n".join(others).split("\n")]]
     text = "\n".join(lines)
@@ -696,15 +699,6 @@ def _pasted_innermost_first(frames: list[Frame]) -> bool:
     return sum(frame.function == "<module>" for frame in frames) == 1
 
 
-def _is_spawn_echo(exc: ExceptionInfo) -> bool:
-    """A spawned child that died unpickling what its parent sent (`EOFError: Ran out of input` in
-    multiprocessing's spawn bootstrap): the echo of the parent's own error, printed beside it on Windows."""
-    if exc.short_type != "EOFError":
-        return False  # a child's own failure (`Can't get attribute 'X' on <module '__main__'>`) is the cause
-    return any(frame.function in ("spawn_main", "_main")
-               and frame.file.replace("\\", "/").endswith("multiprocessing/spawn.py") for frame in exc.frames[-3:])
-
-
 # A path a terminal wrapped and the paste joined with the padding of the wrapped line (`.../dataload      er.py`).
 _WRAP_GAP = re.compile(r" {8,}")
 
@@ -749,8 +743,8 @@ def _assemble(streams: list[_Stream]) -> Incident:
     exceptions, headless = _adopt_headless_forward_traces(exceptions)
     notes = [note for note in notes if not any(note == _cut_off_note(start) for start in headless)]
     candidates = [e for e in exceptions if not e.wrapper and e.short_type not in _WRAPPER_TYPES and e.type]
-    if any(not _is_spawn_echo(e) for e in candidates):
-        candidates = [e for e in candidates if not _is_spawn_echo(e)]
+    if any(not e.spawn_echo for e in candidates):
+        candidates = [e for e in candidates if not e.spawn_echo]
     root = candidates[0] if candidates else (exceptions[0] if exceptions else None)
 
     # torchrun's failure summary is the launcher's log output, though printed as an exception message.

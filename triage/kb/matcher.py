@@ -68,7 +68,12 @@ def _match_rule(rule: Rule, incident: Incident, log_text: str, warnings: list[st
     if not rule.needs_exception:
         yield _diagnosis(rule, incident, root, None, log_values, WEIGHT_ROOT, warnings)
         return
-    for index, exc in enumerate(incident.exceptions or ([root] if root else [])):
+    exceptions = incident.exceptions or ([root] if root else [])
+    # A spawned child's EOFError is the echo of its parent's error: explained by that error, never on its own.
+    echoes_only = all(exc.spawn_echo for exc in exceptions)
+    for index, exc in enumerate(exceptions):
+        if exc.spawn_echo and not echoes_only:
+            continue
         values = _match_exception(rule, exc)
         if values is None:
             continue
