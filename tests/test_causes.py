@@ -188,10 +188,46 @@ def test_templates_can_word_a_base_rate_pick_apart(tmp_path):
     assert diagnosis.hypothesis.endswith("(7 of 12) is this one. Most often it is the void label.")
 
 
+POPULATION = ("          trial: resize-head\n",
+              "          trial: resize-head\n    - id: raw-values\n      hypothesis: Labels this large are raw values.\n"
+              "      fix: Map the raw values to 0..C-1.\n      population_rate: {population: big-labels, among: logs with a"
+              " label above 9, where: target|int > 9, seen: 9, of: 16}\n")
+
+
+def test_a_populations_commonest_cause_leads_where_the_log_shows_that_population(tmp_path):
+    rule = RULE.replace("      fix: Pass ignore_index=255 to the loss.\n", BASE_RATE).replace(*POPULATION)
+    _, diagnosis = diagnosis_for(tmp_path, "IndexError: Target 10 is out of bounds.\n", rule)
+    assert (diagnosis.cause, diagnosis.cause_basis) == ("team.label-out-of-range/raw-values", "base_rate")
+    assert diagnosis.hypothesis.startswith(
+        "Nothing in the log decides between this error's causes; it comes from logs with a label above 9, and the "
+        "commonest cause in resolved public reports of it from there (9 of 16) is this one. Labels this large are raw "
+        "values.")
+    assert diagnosis.decide  # the deciding fact is still asked for
+    # outside the population the rule's own base rate stands; evidence outranks both
+    _, other = diagnosis_for(tmp_path, "IndexError: Target 7 is out of bounds.\n", rule)
+    assert (other.cause, other.cause_basis) == ("team.label-out-of-range/void-label", "base_rate")
+    _, decided = diagnosis_for(tmp_path, "IndexError: Target 255 is out of bounds.\n", rule)
+    assert (decided.cause, decided.cause_basis) == ("team.label-out-of-range/void-label", "evidence")
+
+
+def test_a_population_rate_outranks_the_when_less_fallback(tmp_path):
+    rule = RULE.replace("    - id: void-label\n      when: target|int == 255\n", "    - id: void-label\n").replace(*POPULATION)
+    _, diagnosis = diagnosis_for(tmp_path, "IndexError: Target 10 is out of bounds.\n", rule)
+    assert (diagnosis.cause, diagnosis.cause_basis) == ("team.label-out-of-range/raw-values", "base_rate")
+    _, other = diagnosis_for(tmp_path, "IndexError: Target 7 is out of bounds.\n", rule)
+    assert (other.cause, other.cause_basis) == ("team.label-out-of-range/void-label", "evidence")
+
+
 @pytest.mark.parametrize(
     "edit, problem",
     [
         (("- id: void-label", "- id: Void_Label"), "cause id 'Void_Label' is not a kebab-case slug"),
+        (POPULATION[:1] + (POPULATION[1].replace(" where: target|int > 9,", ""),),
+         "'population_rate' must be {population, among, where, seen, of}"),
+        (POPULATION[:1] + (POPULATION[1].replace("seen: 9", "seen: 19"),), "population_rate: seen and of must be 0 < N <= M"),
+        (POPULATION[:1] + (POPULATION[1].replace("big-labels", "Big Labels"),), "population is a kebab-case slug"),
+        (POPULATION[:1] + (POPULATION[1].replace("target|int > 9", "target|int >> 9"),),
+         "'causes[2].population_rate.where': template syntax error"),
         (("- id: one-based-labels", "- id: void-label"), "cause id 'void-label' is given twice"),
         (("      when: target|int == 255\n", "      whenn: target|int == 255\n"), "unknown key 'whenn' in a cause"),
         (("trial: shift-labels", "trial: shift-label"), "unknown fix trial 'shift-label'"),

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PRIORS = ROOT / "corpus" / "priors"
 KB = load_paths([ROOT / "knowledge_base"])
 RATED = {rule.id: cause for rule in KB.rules for cause in rule.causes if cause.base_rate}
+POPULATION_RATED = {f"{rule.id}/{cause.id}": cause for rule in KB.rules for cause in rule.causes if cause.population_rate}
 MIN_SAMPLE = 10
 MIN_SHARE = 0.4
 MIN_LEAD = 2  # threads ahead of the next cause: a 10-to-9 split names no commonest cause
@@ -75,13 +76,34 @@ def test_each_base_rate_is_the_plurality_of_an_independent_sample(rule_id):
     assert sample_problems(rule_id, sample, cause.base_rate, f"{rule_id}/{cause.id}", scored_sources()) == []
 
 
+@pytest.mark.parametrize("cause_id", sorted(POPULATION_RATED) or ["(none)"])
+def test_each_population_rate_is_the_plurality_of_its_populations_sample(cause_id):
+    """A population's sample (corpus/priors/<rule>+<population>.yaml) may serve sibling rules (one failure's 1.x and
+    2.x wordings): the cause is then counted under the sample's rule, by its slug."""
+    if cause_id == "(none)":
+        pytest.skip("no rule has a population rate yet")
+    rate = POPULATION_RATED[cause_id].population_rate
+    path = PRIORS / f"{rate.sample}.yaml"
+    assert path.is_file(), f"{cause_id} has a population_rate but no sample at {path}"
+    sample = yaml.safe_load(path.read_text())
+    assert (sample.get("population") or {}).get("name") == rate.population
+    sampled_rule = sample.get("rule")
+    counted = f"{sampled_rule}/{cause_id.rsplit('/', 1)[1]}"
+    assert sample_problems(sampled_rule, sample, (rate.seen, rate.of), counted, scored_sources()) == []
+
+
 @pytest.mark.parametrize("path", sorted(PRIORS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_sample_is_well_formed_even_without_a_base_rate(path):
     rule_ids = {rule.id for rule in KB.rules}
-    assert path.stem in rule_ids, f"{path.name}: no rule {path.stem}"
+    rule_id, _, population = path.stem.partition("+")
+    assert rule_id in rule_ids, f"{path.name}: no rule {rule_id}"
     sample = yaml.safe_load(path.read_text())
     assert sample.get("message") and sample.get("gathered"), "say which wording was sampled, and how"
-    assert sample_problems(path.stem, sample, None, None, scored_sources()) == []
+    if population:
+        # a population's sample says what puts a report in it, and, for each thread, why it is in
+        assert (sample.get("population") or {}).get("name") == population and sample["population"].get("fact")
+        assert all(thread.get("member") for thread in sample.get("threads") or [])
+    assert sample_problems(rule_id, sample, None, None, scored_sources()) == []
 
 
 def test_the_check_catches_a_miscount_a_shared_thread_and_a_minority_pick():

@@ -133,7 +133,12 @@ def _show(args: argparse.Namespace) -> int:
     if rule.causes:
         print("\nCauses (the first whose `when` holds is chosen)")
         for cause in rule.causes:
-            chosen = [f"when: {cause.when}"] if cause.when else [] if cause.base_rate else ["when: (fallback: no other holds)"]
+            rated = cause.base_rate or cause.population_rate
+            chosen = [f"when: {cause.when}"] if cause.when else [] if rated else ["when: (fallback: no other holds)"]
+            if cause.population_rate:
+                rate = cause.population_rate
+                chosen.append(f"population rate: {rate.seen} of {rate.of} public reports from {rate.among}, chosen when "
+                              f"nothing decides and {rate.where}")
             if cause.base_rate:
                 chosen.append(f"base rate: {cause.base_rate[0]} of {cause.base_rate[1]} public reports, chosen when nothing decides")
             print(f"  {rule.id}/{cause.id}  " + "; ".join(chosen))

@@ -209,20 +209,28 @@ def _user_frame_later_in_chain(incident: Incident, exc: ExceptionInfo) -> Frame 
     return None
 
 
-def choose_cause(rule: Rule, context: dict[str, Any]) -> tuple[Cause | None, str]:
-    """The first of the rule's causes whose `when` holds in `context`, else its fallback (the one without `when`),
-    else the cause with a base rate; and on what it was chosen: "evidence", "base_rate", or "" for none."""
+def choose_cause(rule: Rule, context: dict[str, Any]) -> tuple[Cause | None, str, str]:
+    """The cause the context chooses, on what it was chosen ("evidence", "base_rate" or "" for none), and, for a
+    population's base rate, the words naming that population.
+
+    In order: the first cause whose `when` holds; the cause commonest in the population the log shows (its
+    `population_rate`); the fallback (the one without `when`); the cause with the rule's base rate."""
     fallback = by_base_rate = None
     for cause in rule.causes:
         if cause.when and templates.condition(cause.when, context):
-            return cause, "evidence"
+            return cause, "evidence", ""
+    for cause in rule.causes:
+        rate = cause.population_rate
+        if rate and templates.condition(rate.where, context):
+            return cause, "base_rate", rate.among
+    for cause in rule.causes:
         if cause.base_rate:
             by_base_rate = cause
-        elif not cause.when:
+        elif not cause.when and not cause.population_rate:
             fallback = fallback or cause
     if fallback is not None:
-        return fallback, "evidence"
-    return by_base_rate, "base_rate" if by_base_rate else ""
+        return fallback, "evidence", ""
+    return by_base_rate, "base_rate" if by_base_rate else "", ""
 
 
 def rechoose(diagnosis: Diagnosis, rule: Rule, warnings: list[str]) -> None:
@@ -244,7 +252,7 @@ def rechoose(diagnosis: Diagnosis, rule: Rule, warnings: list[str]) -> None:
 def _render(diagnosis: Diagnosis, rule: Rule, incident: Incident | None, exc: ExceptionInfo | None,
             frame: Frame | None, warnings: list[str]) -> None:
     """Fill the diagnosis's texts, cause and fixes from the rule and the cause its context chooses."""
-    cause, basis = choose_cause(rule, diagnosis.context)
+    cause, basis, among = choose_cause(rule, diagnosis.context)
     context = diagnosis.context = {**diagnosis.context, "cause_basis": basis}
 
     def render(name: str, source: str, strict: bool = False) -> str:
@@ -281,10 +289,16 @@ def _render(diagnosis: Diagnosis, rule: Rule, incident: Incident | None, exc: Ex
     diagnosis.title = rendered["title"]
     diagnosis.hypothesis = rendered["hypothesis"]
     if basis == "base_rate":
-        seen, of = cause.base_rate
         where = "the log" if context.get("source") == "log" else "the run's traceback or experiments"
-        diagnosis.hypothesis = (f"Nothing in {where} decides between this error's causes; the commonest in resolved "
-                                f"public reports of it ({seen} of {of}) is this one. {diagnosis.hypothesis}")
+        if among:
+            rate = cause.population_rate
+            diagnosis.hypothesis = (f"Nothing in {where} decides between this error's causes; it comes from {among}, "
+                                    f"and the commonest cause in resolved public reports of it from there ({rate.seen} of "
+                                    f"{rate.of}) is this one. {diagnosis.hypothesis}")
+        else:
+            seen, of = cause.base_rate
+            diagnosis.hypothesis = (f"Nothing in {where} decides between this error's causes; the commonest in resolved "
+                                    f"public reports of it ({seen} of {of}) is this one. {diagnosis.hypothesis}")
     diagnosis.confirm = rendered.get("confirm", "")
     diagnosis.decide = rendered.get("decide", "") if rule.causes and basis != "evidence" else ""
     diagnosis.fixes = fixes

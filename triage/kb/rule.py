@@ -50,7 +50,12 @@ CAUSE_KEYS = {
     "fixes": "candidate fixes in order, each with id, text and an optional trial",
     "base_rate": "{seen: N, of: M}: in N of M resolved public reports of this error the cause was this one; "
                  "chosen when no cause's `when` holds (the sample: corpus/priors/<rule id>.yaml)",
+    "population_rate": "{population: SLUG, among: WORDS, where: CONDITION, seen: N, of: M}: the commonest cause in "
+                       "resolved reports of this error from one population (`where`, a fact the log shows, that "
+                       "narrows which reports it resembles without deciding the cause); chosen before the fallback "
+                       "and the base rate (the sample: corpus/priors/<rule id>+<population>.yaml, or `sample`)",
 }
+POPULATION_KEYS = {"population", "among", "where", "seen", "of", "sample"}
 FIX_KEYS = {"id": "a kebab-case slug", "text": "what to change (a template)", "trial": "a fix trial that applies it"}
 MATCH_KEYS = {
     "exception": "exception type name(s), short or dotted",
@@ -106,6 +111,19 @@ class FixOption:
 
 
 @dataclass
+class PopulationRate:
+    """In `seen` of `of` resolved reports of the error from `among` (the logs where `where` holds), the cause was
+    this one. `sample` names the sample file (corpus/priors/<sample>.yaml)."""
+
+    population: str
+    among: str
+    where: str
+    seen: int
+    of: int
+    sample: str
+
+
+@dataclass
 class Cause:
     """A sub-hypothesis: one specific cause of the rule's failure, chosen when `when` holds (always, without one)."""
 
@@ -119,6 +137,8 @@ class Cause:
     fixes: list[FixOption] = field(default_factory=list)
     # (seen, of): the commonest cause in a sample of resolved public reports, the pick when no evidence decides.
     base_rate: tuple[int, int] | None = None
+    # The commonest cause in one population of those reports (a segmentation loss, a small GPU).
+    population_rate: PopulationRate | None = None
 
 
 @dataclass
@@ -189,6 +209,8 @@ class Rule:
                     out[f"causes[{n}].{key}"] = getattr(cause, key)
             if cause.when:
                 out[f"causes[{n}].when"] = templates.condition_source(cause.when)
+            if cause.population_rate:
+                out[f"causes[{n}].population_rate.where"] = templates.condition_source(cause.population_rate.where)
             for m, option in enumerate(cause.fixes):
                 out[f"causes[{n}].fixes[{m}]"] = option.text
         return out
@@ -386,6 +408,8 @@ class _Builder:
                     cause.confidence = float(value)
             if "base_rate" in item:
                 cause.base_rate = self.base_rate(item)
+            if "population_rate" in item:
+                cause.population_rate = self.population_rate(item, rule.id)
             if "fix" in item and "fixes" in item:
                 self.problem(self.key_pos(item, "fixes"), "a cause has 'fix' or 'fixes', not both")
             elif "fixes" in item:
@@ -393,7 +417,7 @@ class _Builder:
             elif "fix" in item:
                 cause.fixes = [FixOption(cause_id, self.text(item, "fix", required=True))]
             rule.causes.append(cause)
-        fallbacks = [cause.id for cause in rule.causes if not cause.when and not cause.base_rate]
+        fallbacks = [cause.id for cause in rule.causes if not cause.when and not cause.base_rate and not cause.population_rate]
         if len(fallbacks) > 1:
             self.problem(self.value_pos(self.data, "causes"), f"causes {', '.join(fallbacks)} have no 'when'",
                          "only one cause may be the fallback; give the others a condition")
@@ -415,6 +439,27 @@ class _Builder:
                          "N of the M resolved public reports in corpus/priors/<rule id>.yaml had this cause")
             return None
         return counts
+
+    def population_rate(self, cause: LocatedDict, rule_id: str) -> PopulationRate | None:
+        value = cause.get("population_rate")
+        hint = ("N of the M resolved public reports from that population in corpus/priors/<rule id>+<population>.yaml "
+                "had this cause")
+        if not isinstance(value, dict) or not {"population", "among", "where", "seen", "of"} <= set(value) \
+                or not set(value) <= POPULATION_KEYS:
+            self.problem(self.value_pos(cause, "population_rate"),
+                         "'population_rate' must be {population, among, where, seen, of} (and optionally sample)", hint)
+            return None
+        seen, of = value.get("seen"), value.get("of")
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (seen, of)) or not 0 < seen <= of:
+            self.problem(self.value_pos(cause, "population_rate"), "population_rate: seen and of must be 0 < N <= M", hint)
+            return None
+        texts = {key: value.get(key) for key in ("population", "among", "where")}
+        if not all(isinstance(text, str) and text.strip() for text in texts.values()) or not SLUG_PATTERN.fullmatch(texts["population"]):
+            self.problem(self.value_pos(cause, "population_rate"),
+                         "population_rate: population is a kebab-case slug; among and where are text")
+            return None
+        sample = value.get("sample") or f"{rule_id}+{texts['population']}"
+        return PopulationRate(texts["population"], texts["among"].strip(), texts["where"].strip(), seen, of, str(sample))
 
     def fix_options(self, cause: LocatedDict) -> list[FixOption]:
         items = cause.get("fixes")
