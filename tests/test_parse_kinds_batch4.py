@@ -77,3 +77,17 @@ def test_a_state_dict_error_on_one_line_reads_both_key_lists(text, kb, tmp_path)
     assert lead.rule == "checkpoint.missing-unexpected-keys"
     assert (lead.values["missing"], lead.values["unexpected"]) == ("encoder.fc.weight", "backbone.fc.weight")
     assert lead.cause == "checkpoint.missing-unexpected-keys/renamed-submodule"
+
+
+def test_a_loss_guard_names_the_loss_terms_that_are_not_finite(kb, tmp_path):
+    # detectron2's check prints the step's loss dict, wrapped by the terminal (variant of detectron2#214's form)
+    text = ("FloatingPointError: Loss became infinite or NaN at iteration=112!\n"
+            "loss_dict = {'loss_cls': tensor(0.6931, device='cuda:0', grad_fn=<NllLossBackward0>), 'loss_box_reg': \n"
+            "tensor(inf, device='cuda:0', grad_fn=<DivBackward0>), 'loss_rpn_cls': tensor(nan, device='cuda:0',\n"
+            "grad_fn=<MulBackward0>)}\n")
+    lead = explain_text(text, kb, tmp_path).diagnoses[0]
+    assert lead.rule == "nan.loss-guard-raised"
+    # the message names both "infinite or NaN": which one it was is not claimed
+    assert "is not finite at iteration 112" in lead.title
+    assert "not finite: loss_box_reg = inf, loss_rpn_cls = nan (any other" in lead.hypothesis
+    assert "loss_cls =" not in lead.hypothesis
