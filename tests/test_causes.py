@@ -218,10 +218,24 @@ def test_a_population_rate_outranks_the_when_less_fallback(tmp_path):
     assert (other.cause, other.cause_basis) == ("team.label-out-of-range/void-label", "evidence")
 
 
+TABLES = ("  decide: Print", "  tables: {void: {'255': segmentation masks, '-1': padded targets}}\n  decide: Print")
+
+
+def test_a_rules_tables_are_read_by_every_template_by_name(tmp_path):
+    rule = RULE.replace(*TABLES).replace("      hypothesis: 255 is the void label of segmentation masks.",
+                                         "      hypothesis: \"{{ target }} is the void label of {{ void[target] }}.\"")
+    kb, diagnosis = diagnosis_for(tmp_path, "IndexError: Target 255 is out of bounds.\n", rule)
+    assert kb.rules[0].tables == {"void": {"255": "segmentation masks", "-1": "padded targets"}}
+    assert diagnosis.hypothesis == "255 is the void label of segmentation masks."
+
+
 @pytest.mark.parametrize(
     "edit, problem",
     [
         (("- id: void-label", "- id: Void_Label"), "cause id 'Void_Label' is not a kebab-case slug"),
+        ((TABLES[0], "  tables: [1, 2]\n  decide: Print"), "'tables' maps names to tables (mappings)"),
+        ((TABLES[0], TABLES[1].replace("void:", "frame:")), "table name 'frame' hides the template context's 'frame'"),
+        ((TABLES[0], TABLES[1].replace("void:", "target:")), "table name 'target' is also a (?P<target>...) group"),
         (POPULATION[:1] + (POPULATION[1].replace(" where: target|int > 9,", ""),),
          "'population_rate' must be {population, among, where, seen, of}"),
         (POPULATION[:1] + (POPULATION[1].replace("seen: 9", "seen: 19"),), "population_rate: seen and of must be 0 < N <= M"),

@@ -172,7 +172,7 @@ def _diagnosis(
         frame = _user_frame_later_in_chain(incident, exc)
     if frame is None and incident.exception is not None:
         frame = incident.exception.user_frame()
-    context = template_context(incident, exc, frame, values)
+    context = template_context(incident, exc, frame, {**rule.tables, **values})
     diagnosis = Diagnosis(
         rule=rule.id,
         category=rule.category,

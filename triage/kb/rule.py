@@ -37,6 +37,7 @@ RULE_KEYS = {
     "examples": "match / no_match log excerpts that test the rule",
     "causes": "the specific causes this rule's text serves, each chosen by the evidence (`when`)",
     "decide": "which fact would decide between the causes, and how to get it (a template)",
+    "tables": "named lookup tables (mappings of plain values) every template of the rule can read by name",
 }
 CAUSE_KEYS = {
     "id": "a kebab-case slug; the cause id is '<rule id>/<slug>'",
@@ -168,6 +169,8 @@ class Rule:
     no_matches: list[Example] = field(default_factory=list)
     causes: list[Cause] = field(default_factory=list)
     decide: str = ""
+    # Data the templates look up (the release that added each API), written once instead of in each template.
+    tables: dict[str, Any] = field(default_factory=dict)
     path: str = ""
     line: int = 0
     origin: str = "built-in"
@@ -374,10 +377,24 @@ class _Builder:
         rule.references = self.string_list(data, "references")[0]
         rule.aliases = self.string_list(data, "aliases")[0]
         rule.decide = self.text(data, "decide", required=False)
+        rule.tables = self.tables(data)
         self.build_causes(rule)
         self.check_templates(rule)
         self.build_examples(rule)
         return None if self.problems else rule
+
+    def tables(self, data: LocatedDict) -> dict[str, Any]:
+        value = data.get("tables")
+        if value is None:
+            return {}
+        names = [name for name in value if isinstance(name, str) and name.isidentifier()] if isinstance(value, dict) else []
+        if not isinstance(value, dict) or len(names) != len(value) or not all(isinstance(t, dict) for t in value.values()):
+            self.problem(self.value_pos(data, "tables"), "'tables' maps names to tables (mappings)",
+                         "e.g. tables: {added: {'torch.compile': '2.0.0'}}")
+            return {}
+        for name in sorted(set(names) & templates.CONTEXT_NAMES):
+            self.problem(self.key_pos(value, name), f"table name '{name}' hides the template context's '{name}'")
+        return {name: _plain(table) for name, table in value.items()}
 
     def build_causes(self, rule: Rule) -> None:
         causes = self.data.get("causes")
@@ -541,7 +558,10 @@ class _Builder:
 
     def check_templates(self, rule: Rule) -> None:
         patterns_broken = any("bad regex" in p.message for p in self.problems)
-        known = self.captured_names(rule) | templates.CONTEXT_NAMES
+        captured = self.captured_names(rule)
+        for name in sorted(captured & set(rule.tables)):
+            self.problem(self.value_pos(self.data, "tables"), f"table name '{name}' is also a (?P<{name}>...) group")
+        known = captured | templates.CONTEXT_NAMES | set(rule.tables)
         evidence_positions = list(getattr(self.data.get("evidence"), "item_positions", []))
         for name, source in {**rule.template_fields(), **rule.cause_fields()}.items():
             key = name.split("[")[0]
@@ -618,3 +638,12 @@ def build_rule(
     builder = _Builder(data, path, probes, source_lines)
     rule = builder.build()
     return rule, builder.problems
+
+
+def _plain(value: Any) -> Any:
+    """A table as plain dicts and lists (the loader's located containers carry file positions)."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value

@@ -68,7 +68,8 @@ def _check_match(rule: Rule, example: Example, kb: KnowledgeBase) -> list[Exampl
         if got is None or str(got) != str(expected):
             failures.append(ExampleFailure(rule.path, example.line, rule.id,
                                            f"expected {name}={expected!r}, extracted {got!r}", example.col))
-    context = template_context(incident, incident.exception, incident.exception.user_frame() if incident.exception else None, values)
+    context = template_context(incident, incident.exception, incident.exception.user_frame() if incident.exception else None,
+                               {**rule.tables, **values})
     chosen, basis, _ = choose_cause(rule, context)
     context = {**context, "cause_basis": basis}
     if example.cause is not None and (chosen is None or chosen.id != example.cause):
