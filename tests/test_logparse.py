@@ -137,23 +137,24 @@ def test_warnings_only_log_with_nan_loss_is_a_nan_incident():
     assert any("loss=nan" in line for line in incident.log_lines)
 
 
-def test_shell_kill_message_is_a_hard_crash():
-    incident = parse_text("step 10 loss 1.0\nKilled\n")
-    assert (incident.kind, incident.signal, incident.exit_code) == ("hard-crash", "SIGKILL", 137)
-
-
-@pytest.mark.parametrize("bar", [
+@pytest.mark.parametrize(("report", "signal", "exit_code"), [
+    ("Killed", "SIGKILL", 137),
     # tqdm leaves its bar without a newline, so the shell's report lands on the bar's line (as in a model load's
     # "Loading checkpoint shards:   0%|          | 0/2 [00:00<?, ?it/s]Killed")
-    "Loading checkpoint shards:   0%|          | 0/4 [00:00<?, ?it/s]Killed",
-    "Reading shards: 52113it [02:40, 325.10it/s]Killed",
+    ("Loading checkpoint shards:   0%|          | 0/4 [00:00<?, ?it/s]Killed", "SIGKILL", 137),
+    ("Reading shards: 52113it [02:40, 325.10it/s]Killed", "SIGKILL", 137),
     # zsh's report names the command (macOS's default shell)
-    "zsh: killed     python3 train.py --epochs 20",
-    "Generating:  40%|████      | 6/15 [01:12<01:48, 12.05s/it]zsh: killed     python3 generate.py",
+    ("zsh: killed     python3 train.py --epochs 20", "SIGKILL", 137),
+    ("Generating:  40%|████      | 6/15 [01:12<01:48, 12.05s/it]zsh: killed     python3 generate.py", "SIGKILL", 137),
+    # other signals, alone or after the job's pid or number, the command in its padded column
+    ("Segmentation fault (core dumped)", "SIGSEGV", 139),
+    ("./run.sh: line 3: 48213 Segmentation fault      (core dumped) python train.py", "SIGSEGV", 139),
+    ("[2]-  Bus error               python train.py", "SIGBUS", 135),
+    ("Aborted (core dumped)", "SIGABRT", 134),
 ])  # fmt: skip
-def test_shell_kill_glued_to_a_progress_bar_or_from_zsh_is_a_hard_crash(bar):
-    incident = parse_text(f"Training with 1 GPU.\n{bar}\n")
-    assert (incident.kind, incident.signal, incident.exit_code) == ("hard-crash", "SIGKILL", 137)
+def test_the_shells_report_of_a_signal_death_is_a_hard_crash(report, signal, exit_code):
+    incident = parse_text(f"step 3 loss 0.9\n{report}\n")
+    assert (incident.kind, incident.signal, incident.exit_code) == ("hard-crash", signal, exit_code)
 
 
 @pytest.mark.parametrize("prose", [
@@ -165,16 +166,6 @@ def test_shell_kill_glued_to_a_progress_bar_or_from_zsh_is_a_hard_crash(bar):
 def test_the_word_killed_in_prose_is_no_signal_death(prose):
     incident = parse_text(f"{prose}\n")
     assert incident.signal is None
-
-
-@pytest.mark.parametrize(("report", "signal"), [
-    ("Segmentation fault (core dumped)", "SIGSEGV"),
-    ("./run.sh: line 3: 48213 Segmentation fault      (core dumped) python train.py", "SIGSEGV"),
-    ("[2]-  Bus error               python train.py", "SIGBUS"),
-    ("Aborted (core dumped)", "SIGABRT"),
-])  # fmt: skip
-def test_the_shells_signal_reports_name_the_signal(report, signal):
-    assert parse_text(f"step 3 loss 0.9\n{report}\n").signal == signal
 
 
 @pytest.mark.parametrize(("text", "sigkilled"), [
